@@ -1,0 +1,29 @@
+# The two commands of the README:
+#   make pipeline   — set up .venv (pinned, requirements.lock) and run the whole pipeline: dvc repro
+#   make test       — set up .venv and run the test suite (what .ci/run calls)
+VENV ?= .venv
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export PREFECT_HOME ?= $(abspath .prefect)
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+
+.PHONY: setup pipeline test bench clean-runs
+
+$(VENV)/.installed: requirements.lock
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.lock
+	touch $@
+
+setup: $(VENV)/.installed
+
+pipeline: setup
+	dvc repro
+
+test: setup
+	python -m pytest
+
+bench: setup
+	python -m bench.fedwad_speed
+
+clean-runs:  ## forget local MLflow / Prefect history (not the DVC outputs)
+	rm -rf mlruns.db mlartifacts .prefect

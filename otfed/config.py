@@ -1,0 +1,324 @@
+"""The schema of ``params.yaml``: one pydantic model per stage group, validated before any work starts.
+
+Every model forbids unknown keys, so a typo fails loudly. :func:`load_params` turns pydantic's errors into
+a single line per problem that names the key path and what is allowed, and raises
+:class:`~otfed.errors.ConfigError`; stages print it and exit with status 2 without writing anything.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from otfed.errors import ConfigError
+
+ImageDataset = Literal["mnist", "fashionmnist", "kmnist", "usps", "cifar10"]
+
+
+class Strict(BaseModel):
+    """Base for every params group: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------- run
+class RunParams(Strict):
+    """Settings shared by every stage."""
+
+    seed: int = Field(0, ge=0, description="Global seed; the same params give the same numbers twice.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N — where torch code runs.")
+    task_runner: Literal["thread", "sequential"] = "thread"
+    max_workers: int = Field(2, ge=1, le=256)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v in {"auto", "cpu", "cuda"} or (v.startswith("cuda:") and v[5:].isdigit()):
+            return v
+        raise ValueError(f"must be one of auto, cpu, cuda, cuda:N (got {v!r})")
+
+
+# ----------------------------------------------------------------------------------------- partition
+class _FederationBase(Strict):
+    dataset: ImageDataset = "mnist"
+    image_size: int | None = Field(None, ge=4, le=64, description="Resize images to size×size (USPS 16→28).")
+    pca_components: int = Field(0, ge=0, description="0 = raw pixels; else PCA fitted on the public test split.")
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    test_samples: int = Field(1000, ge=0, description="Server-side test samples (official test split).")
+
+
+class ByDatasetFederation(_FederationBase):
+    """One client per dataset (federated OTDD between datasets, FedWaD fig. 6)."""
+
+    scheme: Literal["by_dataset"]
+    datasets: list[ImageDataset] = Field(min_length=2)
+    samples_per_client: int = Field(1000, ge=10, le=5000)
+
+
+class IidFederation(_FederationBase):
+    scheme: Literal["iid"]
+    n_clients: int = Field(ge=1, le=1000)
+    samples: int | None = Field(None, ge=1, description="Train samples used in all (None = all).")
+
+
+class DirichletFederation(_FederationBase):
+    scheme: Literal["dirichlet"]
+    n_clients: int = Field(ge=1, le=1000)
+    alpha: float = Field(gt=0.0)
+    samples: int | None = Field(None, ge=1)
+
+
+class ClassPairsFederation(_FederationBase):
+    """FedWaD 'boosting FL' partition: strong structure (fixed pairs) or none (random pair per client)."""
+
+    scheme: Literal["class_pairs"]
+    n_clients: int = Field(ge=10, le=1000)
+    structure: Literal["strong", "none"]
+    samples: int | None = Field(None, ge=1)
+
+
+class FedBaryCaseFederation(_FederationBase):
+    """FedBary client cases 1–5 (SPEC §3) with ground-truth corrupted indices."""
+
+    scheme: Literal["fedbary_case"]
+    case: int = Field(ge=1, le=5)
+    n_clients: int = Field(5, ge=2, le=100)
+    samples_per_client: int = Field(200, ge=10)
+    noise_std: float = Field(1.0, gt=0.0, description="Feature-noise std (case 5), in [0,1]-pixel units.")
+
+
+FederationSpec = Annotated[
+    Union[ByDatasetFederation, IidFederation, DirichletFederation, ClassPairsFederation, FedBaryCaseFederation],
+    Field(discriminator="scheme"),
+]
+
+
+class PartitionParams(Strict):
+    data_dir: str = "data/raw"
+    out_dir: str = "data/partitions"
+    federations: dict[str, FederationSpec] = Field(min_length=1)
+
+    @field_validator("federations")
+    @classmethod
+    def _names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not name.replace("_", "").isalnum():
+                raise ValueError(f"federation name {name!r} must be letters, digits and underscores")
+        return v
+
+
+# -------------------------------------------------------------------------------------- fed_distance
+class FedWaDParams(Strict):
+    """FedWaD Algorithm 1 settings."""
+
+    support_size: int = Field(10, ge=1, le=20000, description="S, support of the interpolating measure ξ.")
+    iterations: int = Field(20, ge=1, le=10000, description="K.")
+    t: Literal["random"] | float = Field("random", description="'random' (default) or a fixed t in (0,1).")
+    p: Literal[1, 2] = 2
+    interpolation: Literal["approx", "exact"] = "approx"
+    solver: Literal["auto", "network_simplex", "semidual_newton"] = Field(
+        "auto", description="auto: network simplex for exact interpolation, semi-dual Newton for approx.")
+    init_scale: float = Field(1.0, gt=0.0, description="ξ⁰ ~ N(0, init_scale² I).")
+
+    @field_validator("t")
+    @classmethod
+    def _t(cls, v: Any) -> Any:
+        if isinstance(v, float) and not 0.0 < v < 1.0:
+            raise ValueError(f"must be 'random' or a number in (0, 1) (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _exact_needs_simplex(self) -> "FedWaDParams":
+        if self.interpolation == "exact" and self.solver == "semidual_newton":
+            raise ValueError("solver: exact interpolation needs 'network_simplex' (or 'auto')")
+        return self
+
+
+class ToyParams(Strict):
+    """Toy Gaussians (FedWaD fig. 2–3): time and relative error vs n."""
+
+    n_values: list[int] = Field(min_length=1)
+    supports: list[int] = Field(min_length=1)
+    ratios: list[int] = Field([1, 3], min_length=1, description="n_ν = n_μ / ratio.")
+    dims: list[int] = Field([2, 50], min_length=1)
+    iterations: int = Field(20, ge=1)
+    exact_interp_max_n: int = Field(1000, ge=0, description="Skip exact-interpolation FedWaD above this n.")
+    repeats: int = Field(1, ge=1)
+    convergence_n: int = Field(500, ge=10, description="n for the A(k) convergence figure (fig. 3).")
+
+    @field_validator("n_values", "supports", "dims")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(x < 1 for x in v):
+            raise ValueError("all entries must be ≥ 1")
+        return v
+
+    @field_validator("ratios")
+    @classmethod
+    def _ratios(cls, v: list[int]) -> list[int]:
+        if any(r < 1 for r in v):
+            raise ValueError("ratios must be integers ≥ 1")
+        return v
+
+
+class OTDDParams(Strict):
+    """Federated OTDD between datasets (FedWaD fig. 6)."""
+
+    federation: str = "otdd_benchmarks"
+    diagonal: bool = True
+    fedwad: FedWaDParams = FedWaDParams(support_size=200, iterations=20)
+
+
+class ClusteringParams(Strict):
+    """Pairwise federated OTDD between clients → spectral clustering (FedWaD §5, tables 1–5)."""
+
+    federations: list[str] = Field(min_length=1)
+    n_clusters: int = Field(5, ge=2)
+    neighbors: list[int] = Field([3, 5], description="kNN graph sizes; the precomputed affinity always runs.")
+    diagonal: bool = True
+    fedwad: FedWaDParams = FedWaDParams(support_size=10, iterations=10)
+
+
+class FedDistanceParams(Strict):
+    toy: ToyParams
+    otdd: OTDDParams = OTDDParams()
+    clustering: ClusteringParams
+    out_dir: str = "reports/fed_distance"
+
+
+# ----------------------------------------------------------------------------------------- top level
+class Params(Strict):
+    """The whole params.yaml. Groups of later stages (text track, valuation) are added by their issues."""
+
+    run: RunParams = RunParams()
+    partition: PartitionParams
+    fed_distance: FedDistanceParams
+
+    @model_validator(mode="after")
+    def _references(self) -> "Params":
+        known = self.partition.federations
+        ref = self.fed_distance.otdd.federation
+        if ref not in known:
+            raise ValueError(f"fed_distance.otdd.federation: unknown federation {ref!r}; defined: {sorted(known)}")
+        if known[ref].scheme != "by_dataset":
+            raise ValueError(f"fed_distance.otdd.federation: {ref!r} must have scheme 'by_dataset'")
+        for name in self.fed_distance.clustering.federations:
+            if name not in known:
+                raise ValueError(
+                    f"fed_distance.clustering.federations: unknown federation {name!r}; defined: {sorted(known)}"
+                )
+        return self
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "literal['random']", "list[int]"}
+
+
+def _format_error(err: dict[str, Any], data: Any) -> str:
+    loc = [str(x) for x in err["loc"]]
+    # discriminated unions put the tag in the path ("partition.federations.x.class_pairs.structure"): drop it
+    parts: list[str] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            parts.append(part)
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            parts.append(f"[{part}]")
+            node = node[int(part)]
+        elif (isinstance(node, dict) and node.get("scheme") == part) or part in _TYPE_TAGS:
+            continue  # a union branch name, not a key the user wrote
+        else:
+            parts.append(part)  # the unknown or missing key itself
+    path = ".".join(parts).replace(".[", "[")
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    got = err.get("input")
+    if err["type"] not in {"missing", "extra_forbidden"} and not isinstance(got, (dict, list)) and "(got" not in msg:
+        msg += f" (got {got!r})"
+    return f"{path}: {msg}" if path else msg
+
+
+def _allowed_keys(model: type[BaseModel]) -> list[str]:
+    return sorted(model.model_fields)
+
+
+def validate_params(data: Any, source: str = "params.yaml") -> Params:
+    """Validate a parsed params mapping; raise ConfigError with one line per problem (key path + allowed)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of stage groups, got {type(data).__name__}")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            line = _format_error(err, data)
+            if err["type"] == "extra_forbidden":
+                line += f"; allowed keys here: {', '.join(_allowed_at(err['loc']))}"
+            lines.append(f"{source}: {line}")
+        # union branches can repeat the same complaint; keep order, drop duplicates
+        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+
+
+def _allowed_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed in the mapping that contains the (unknown) key at ``loc``."""
+    model: Any = Params
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if part in {"by_dataset", "iid", "dirichlet", "class_pairs", "fedbary_case"}:
+            model = {
+                "by_dataset": ByDatasetFederation, "iid": IidFederation, "dirichlet": DirichletFederation,
+                "class_pairs": ClassPairsFederation, "fedbary_case": FedBaryCaseFederation,
+            }[part]
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            continue  # a dict key chosen by the user (federation name)
+        ann = field.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else model
+    return _allowed_keys(model) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml (stage groups; see the comments in the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found (run from the repository root)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from None
+    return validate_params(data, source=str(path))
+
+
+def groups(params: Params, *names: str) -> dict[str, Any]:
+    """The named params groups as plain JSON-able dicts (what a stage reads, logs and hashes)."""
+    return {name: getattr(params, name).model_dump(mode="json") for name in names}
+
+
+def params_hash(section: BaseModel | dict[str, Any]) -> str:
+    """A short, stable hash of a params group (tagged on every MLflow run)."""
+    payload = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def flatten(section: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten a params group to dotted keys (MLflow params, the compare view lines them up)."""
+    data = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, list) else str(value)
+    return out

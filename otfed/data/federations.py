@@ -1,0 +1,134 @@
+"""Build a federation (all clients' splits + server test data) from a ``partition.federations`` spec.
+
+Features are flattened pixels in [0, 1] (optionally resized, optionally PCA-reduced with a PCA fitted
+on the dataset's official *test* split — server-side public data, never client data). No downloaded
+weights anywhere. The same spec and seed give byte-identical federations.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from otfed.data.corruption import fedbary_case
+from otfed.data.features import check_finite, fit_pca, pixel_features, reduce_features
+from otfed.data.images import load_images
+from otfed.data.partition import (partition_class_pairs, partition_dirichlet, partition_iid,
+                                  split_train_val)
+from otfed.data.store import FederationData
+from otfed.errors import DataFileError
+
+
+def _features(dataset: str, split: str, image_size: int | None, root: Path) -> tuple[np.ndarray, np.ndarray]:
+    images = load_images(dataset, split, root=root)
+    x = pixel_features(images.images, size=image_size)
+    check_finite(x, f"{dataset} {split} features")
+    return x, np.asarray(images.labels, dtype=np.int64)
+
+
+def _subsample(n_pool: int, n: int | None, rng: np.random.Generator) -> np.ndarray:
+    if n is None or n >= n_pool:
+        return np.arange(n_pool)
+    return np.sort(rng.choice(n_pool, size=n, replace=False))
+
+
+def build_federation(name: str, spec: Any, data_dir: str | Path, seed: int) -> tuple[FederationData, dict]:
+    """Partition one federation as declared by ``spec`` (a validated config model); returns data + manifest."""
+    root = Path(data_dir)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, *name.encode()]))
+    scheme = spec.scheme
+    corrupted_rows: set[int] = set()
+    if scheme == "by_dataset":
+        xs, ys, parts, names, srcs = [], [], [], [], []
+        dims = {}
+        for d in spec.datasets:
+            x, y = _features(d, "train", spec.image_size, root)
+            dims[d] = x.shape[1]
+            idx = _subsample(len(y), spec.samples_per_client, rng)
+            parts.append(np.arange(len(idx)) + sum(len(v) for v in ys))
+            xs.append(x[idx]); ys.append(y[idx]); names.append(d); srcs.append(idx)
+        if len(set(dims.values())) > 1:
+            raise DataFileError(f"partition.federations.{name}: datasets have different feature sizes {dims}; "
+                                f"set image_size (e.g. 28) so that all images are resized alike")
+        pool_x, pool_y = np.concatenate(xs), np.concatenate(ys)
+        pool_y_clean = pool_y
+        source = np.concatenate(srcs)
+        groups = np.arange(len(names))
+        test_x = np.zeros((0, pool_x.shape[1])); test_y = np.zeros(0, dtype=np.int64)
+        pca_ref = None
+    else:
+        pool_x, pool_y = _features(spec.dataset, "train", spec.image_size, root)
+        test_x, test_y = _features(spec.dataset, "test", spec.image_size, root)
+        keep = _subsample(len(pool_y), getattr(spec, "samples", None), rng)
+        source = keep
+        pool_x, pool_y = pool_x[keep], pool_y[keep]
+        pool_y_clean = pool_y
+        pca_ref = test_x
+        groups = None
+        if scheme == "iid":
+            parts = partition_iid(pool_y, spec.n_clients, rng)
+        elif scheme == "dirichlet":
+            parts = partition_dirichlet(pool_y, spec.n_clients, spec.alpha, rng)
+        elif scheme == "class_pairs":
+            parts, groups = partition_class_pairs(pool_y, spec.n_clients, spec.structure, rng)
+        elif scheme == "fedbary_case":
+            case = fedbary_case(spec.case, pool_x, pool_y, rng, n_clients=spec.n_clients,
+                                noise_std=spec.noise_std, samples_per_client=spec.samples_per_client)
+            parts = case.client_indices
+            pool_x, pool_y = case.features, case.labels
+            corrupted_rows = {int(i) for c in case.corrupted for i in c}
+            groups = np.full(spec.n_clients, spec.case)
+        else:  # pragma: no cover - the config schema forbids it
+            raise ValueError(f"unknown scheme {scheme!r}")
+        names = [f"client_{k:02d}" for k in range(len(parts))]
+        if groups is None:
+            groups = np.full(len(parts), -1)
+        if spec.test_samples < len(test_y):
+            t_idx = _subsample(len(test_y), spec.test_samples, rng)
+            test_x, test_y = test_x[t_idx], test_y[t_idx]
+
+    if spec.pca_components:
+        reference = pca_ref if pca_ref is not None and len(pca_ref) else pool_x
+        pca = fit_pca(reference, spec.pca_components, seed)
+        pool_x = reduce_features(pool_x, pca)
+        test_x = reduce_features(test_x, pca) if len(test_x) else np.zeros((0, spec.pca_components))
+
+    train_parts, val_parts = split_train_val(list(parts), pool_y, spec.val_fraction, rng)
+    rows, client, split = [], [], []
+    for k, (tr, va) in enumerate(zip(train_parts, val_parts)):
+        for part, tag in ((tr, 0), (va, 1)):
+            rows.append(part); client.append(np.full(len(part), k)); split.append(np.full(len(part), tag))
+    rows_arr = np.concatenate(rows).astype(np.int64)
+    data = FederationData(
+        name=name,
+        x=pool_x[rows_arr].astype(np.float32),
+        y=pool_y[rows_arr].astype(np.int64),
+        y_clean=pool_y_clean[rows_arr].astype(np.int64),
+        client=np.concatenate(client).astype(np.int64),
+        split=np.concatenate(split).astype(np.int8),
+        corrupted=np.isin(rows_arr, np.fromiter(corrupted_rows, dtype=np.int64, count=len(corrupted_rows))),
+        source_index=np.asarray(source)[rows_arr].astype(np.int64),
+        x_test=np.asarray(test_x, dtype=np.float32),
+        y_test=np.asarray(test_y, dtype=np.int64),
+        client_names=tuple(names),
+        client_group=np.asarray(groups, dtype=np.int64),
+    )
+    return data, manifest_entry(data, spec)
+
+
+def manifest_entry(data: FederationData, spec: Any) -> dict:
+    """Per-federation manifest: spec, sizes, class histograms and ground-truth corrupted rows per client."""
+    n_classes = int(max(data.y.max(initial=0), data.y_clean.max(initial=0))) + 1
+    clients = []
+    for k, name in enumerate(data.client_names):
+        tr, va = data.rows(k, 0), data.rows(k, 1)
+        mine = np.concatenate([tr, va])
+        clients.append(dict(
+            name=name, group=int(data.client_group[k]), n_train=int(len(tr)), n_val=int(len(va)),
+            class_counts=np.bincount(data.y[tr], minlength=n_classes).tolist(),
+            n_corrupted=int(data.corrupted[mine].sum()),
+            corrupted_rows=np.flatnonzero(data.corrupted & (data.client == k)).tolist(),
+        ))
+    return dict(spec=spec.model_dump(mode="json"), n_clients=data.n_clients, feature_dim=int(data.x.shape[1]),
+                n_rows=int(len(data.y)), n_test=int(len(data.y_test)), clients=clients)

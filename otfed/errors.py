@@ -1,0 +1,25 @@
+"""The exceptions otfed raises for bad input. Each names the thing that is wrong.
+
+Stages catch :class:`OtfedError`, print its one-line message and exit with status 2, leaving no
+half-written output behind.
+"""
+
+
+class OtfedError(Exception):
+    """Base class: a user-facing error whose message names the offending file, key, client or column."""
+
+
+class ConfigError(OtfedError):
+    """params.yaml is invalid: unknown key, wrong type or out-of-range value (message names the key path)."""
+
+
+class DataFileError(OtfedError):
+    """A dataset file is missing, unreadable or lacks a required key/column (message names file and key)."""
+
+
+class DegenerateClientError(OtfedError):
+    """A client's data cannot be used (empty, a class with too few samples, NaN/inf); names the client."""
+
+
+class OTConvergenceError(OtfedError):
+    """An exact OT solver stopped before reaching optimality (e.g. POT's numItermax was hit)."""

@@ -1,0 +1,51 @@
+"""Optimal-transport primitives used by FedWaD, federated OTDD and FedBary (SPEC §0, §2).
+
+Public names (implementation modules in parentheses):
+
+- ``Measure`` — a discrete measure (support, weights)                                   (measures)
+- ``cost_matrix(X, Y, p)`` — ground cost ||x − y||^p, p ∈ {1, 2}                        (exact)
+- ``exact_plan(a, b, M, num_itermax)`` — network simplex, raises OTConvergenceError     (exact)
+- ``wasserstein(X, Y, a, b, p, num_itermax)`` — exact W_p                               (exact)
+- ``Transport``, ``optimal_transport(mu, nu, p, solver)`` — plan + W_p, solver dispatch (exact)
+- ``semidual_plan(a, b, M, eps_rel, tol, max_newton, g_init)`` — fast entropic
+  semi-dual Newton solver for small-vs-large problems (FedWaD subproblems)               (semidual)
+- ``sinkhorn_log(a, b, M, eps, max_iter, tol)`` — log-domain Sinkhorn                   (entropic)
+- ``interpolate_exact``, ``interpolate_approx``, ``interpolating_measure`` — FedWaD
+  interpolating measures, eqs. 5 and 10                                                 (interpolation)
+- ``ClassStats``, ``class_statistics``, ``augment_with_label_stats``, ``label_cost``,
+  ``otdd_ground_cost``, ``otdd_exact`` — label-augmented OTDD                            (otdd)
+"""
+
+from otfed.ot.entropic import sinkhorn_log
+from otfed.ot.exact import Transport, cost_matrix, exact_plan, optimal_transport, wasserstein
+from otfed.ot.interpolation import interpolate_approx, interpolate_exact, interpolating_measure
+from otfed.ot.measures import Measure
+from otfed.ot.otdd import (
+    ClassStats,
+    augment_with_label_stats,
+    class_statistics,
+    label_cost,
+    otdd_exact,
+    otdd_ground_cost,
+)
+from otfed.ot.semidual import semidual_plan
+
+__all__ = [
+    "Measure",
+    "cost_matrix",
+    "exact_plan",
+    "wasserstein",
+    "Transport",
+    "optimal_transport",
+    "semidual_plan",
+    "sinkhorn_log",
+    "interpolate_exact",
+    "interpolate_approx",
+    "interpolating_measure",
+    "ClassStats",
+    "class_statistics",
+    "augment_with_label_stats",
+    "label_cost",
+    "otdd_ground_cost",
+    "otdd_exact",
+]

@@ -1,0 +1,73 @@
+"""Discrete probability measures (SPEC §0): a support X (n×d) with weights w (n,) summing to one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Tolerance on |Σ w − 1| accepted by :class:`Measure`.
+WEIGHT_SUM_TOL = 1e-8
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A discrete measure μ = Σ_i w_i δ_{x_i} (SPEC §0 convention ``(X, w)``).
+
+    ``support`` is an (n, d) float64 array of atoms, ``weights`` an (n,) float64 array of non-negative
+    masses summing to 1 (within 1e-8). Both are converted to float64 and validated on construction;
+    invalid input raises :class:`ValueError` naming the problem.
+    """
+
+    support: np.ndarray
+    weights: np.ndarray
+
+    def __post_init__(self) -> None:
+        support = np.asarray(self.support, dtype=np.float64)
+        weights = np.asarray(self.weights, dtype=np.float64)
+        if support.ndim != 2:
+            raise ValueError(f"Measure support must be a 2-D (n, d) array, got shape {support.shape}")
+        if weights.ndim != 1:
+            raise ValueError(f"Measure weights must be a 1-D (n,) array, got shape {weights.shape}")
+        if support.shape[0] != weights.shape[0]:
+            raise ValueError(
+                f"Measure support has {support.shape[0]} atoms but weights has {weights.shape[0]} entries"
+            )
+        if support.shape[0] == 0:
+            raise ValueError("Measure must have at least one atom")
+        if not np.all(np.isfinite(support)):
+            raise ValueError("Measure support contains NaN or inf")
+        if not np.all(np.isfinite(weights)):
+            raise ValueError("Measure weights contain NaN or inf")
+        if np.any(weights < 0):
+            raise ValueError(f"Measure weights must be >= 0, got min {weights.min():.3g}")
+        total = float(weights.sum())
+        if abs(total - 1.0) > WEIGHT_SUM_TOL:
+            raise ValueError(f"Measure weights must sum to 1 (within {WEIGHT_SUM_TOL:g}), got {total!r}")
+        object.__setattr__(self, "support", support)
+        object.__setattr__(self, "weights", weights)
+
+    @classmethod
+    def uniform(cls, X: np.ndarray) -> "Measure":
+        """The empirical measure (1/n) Σ_i δ_{x_i} of the rows of X (SPEC §0: uniform unless said)."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2:
+            raise ValueError(f"Measure support must be a 2-D (n, d) array, got shape {X.shape}")
+        n = X.shape[0]
+        if n == 0:
+            raise ValueError("Measure must have at least one atom")
+        return cls(X, np.full(n, 1.0 / n))
+
+    @property
+    def n(self) -> int:
+        """Number of atoms."""
+        return int(self.support.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Dimension d of the ambient space."""
+        return int(self.support.shape[1])
+
+    def nbytes(self) -> int:
+        """Bytes needed to send this measure: support plus weights (used by the message ledger)."""
+        return int(self.support.nbytes + self.weights.nbytes)

@@ -1,0 +1,43 @@
+"""Stage ``fed_distance`` on tiny params: every table, figure and metric is written and logged."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+
+from flows.fed_distance import fed_distance
+from flows.partition import partition
+
+
+def test_fed_distance_writes_reports_and_logs_them(tiny: dict, mlflow_uri: str) -> None:
+    partition(tiny)
+    metrics = fed_distance(tiny)
+    out = Path(tiny["fed_distance"]["out_dir"])
+    expected = {"toy_gaussians.csv", "toy_gaussians.md", "toy_time_error.png", "convergence.csv",
+                "convergence.png", "otdd_pairs.csv", "otdd_heatmaps.png", "clustering_pairs_distances.csv",
+                "clustering_pairs.png", "clustering_ari.csv", "communication.csv", "metrics.json"}
+    assert expected <= {p.name for p in out.iterdir()}
+    toy = pd.read_csv(out / "toy_gaussians.csv")
+    assert set(toy.method) == {"exact_ot", "fedwad_approx", "fedwad_exact_interp"}
+    exact = toy[toy.method == "exact_ot"].set_index(["ratio", "n"]).value
+    fed = toy[toy.method != "exact_ot"]
+    for row in fed.itertuples():  # FedWaD is an upper bound of the exact W (triangle inequality)
+        assert row.value >= exact[(row.ratio, row.n)] * (1 - 1e-6)
+    # 40 samples leave USPS and FashionMNIST with a one-sample class: reported, not crashed on
+    degenerate = pd.read_csv(out / "degenerate_clients.csv")
+    assert degenerate.client.tolist() == ["usps", "fashionmnist"]
+    assert all("has 1 sample" in reason for reason in degenerate.reason)
+    otdd = pd.read_csv(out / "otdd_pairs.csv")
+    assert set(otdd.a) | set(otdd.b) == {"mnist", "kmnist"} and len(otdd) == 3  # 1 pair + 2 self-pairs
+    written = json.loads((out / "metrics.json").read_text())
+    assert written["degenerate_clients"] == 2
+    assert written["otdd"]["order_preserved"] is None  # one distance: no order relation to compare
+    assert set(metrics["clustering"]["pairs"]) == {"affinity", "knn3"}
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("otfed").experiment_id],
+                              "tags.stage = 'fed_distance'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    logged = {a.path.split("/")[-1] for a in client.list_artifacts(runs[0].info.run_id, "fed_distance")}
+    assert {"toy_time_error.png", "otdd_heatmaps.png", "clustering_ari.csv"} <= logged
