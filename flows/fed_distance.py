@@ -71,7 +71,10 @@ def _toy(fd: Any, seed: int, run: tracking.TrackedRun, out: Path) -> dict:
     run.log_table(rows, out / "toy_gaussians.csv")
     run.log_figure(figs.toy_figure(rows), out / "toy_time_error.png")
     # one nested run per method × support, rel_error logged with step = n (MLflow compare view)
-    for (method, support), sub in rows[rows.method != "exact_ot"].groupby(["method", "support"]):
+    fed_rows = rows[rows.method != "exact_ot"]
+    fed_rows = fed_rows.assign(support=np.where(fed_rows.method == "fedwad_exact_interp", "n",
+                                                fed_rows.support.astype(str)))
+    for (method, support), sub in fed_rows.groupby(["method", "support"]):
         with run.child(f"toy/{method}/S{support}", tags={"method": method, "support": support}) as child:
             child.log_params({"method": method, "support": support})
             for (dim, ratio), cell in sub.groupby(["dim", "ratio"]):
@@ -83,7 +86,7 @@ def _toy(fd: Any, seed: int, run: tracking.TrackedRun, out: Path) -> dict:
                       seed=seed)
                  for d in toy.dims for (s, i, t) in [(10, "approx", None), (toy.convergence_n, "approx", None),
                                                      (toy.convergence_n, "approx", 0.5),
-                                                     (10, "exact", None)]]
+                                                     (toy.convergence_n, "exact", None)]]
     conv = pd.DataFrame([row for rows in fan_out(toy_convergence_task, conv_jobs) for row in rows])
     run.log_table(conv, out / "convergence.csv")
     run.log_figure(figs.convergence_figure(conv), out / "convergence.png")
@@ -91,8 +94,11 @@ def _toy(fd: Any, seed: int, run: tracking.TrackedRun, out: Path) -> dict:
     largest = rows[rows.n == rows.n.max()]
     summary = {}
     for (method, support, dim, ratio), cell in largest.groupby(["method", "support", "dim", "ratio"]):
-        if method != "exact_ot":
+        if method == "fedwad_approx":
             summary[f"{method}_S{support}_d{dim}_r{ratio}_rel_error"] = float(cell.rel_error.mean())
+    exact_interp = rows[rows.method == "fedwad_exact_interp"]
+    for (dim, ratio), cell in exact_interp[exact_interp.n == exact_interp.n.max()].groupby(["dim", "ratio"]):
+        summary[f"fedwad_exact_interp_n{int(cell.n.iloc[0])}_d{dim}_r{ratio}_rel_error"] = float(cell.rel_error.mean())
     approx = rows[rows.method == "fedwad_approx"]
     exact_rows = rows[rows.method == "exact_ot"]
     summary["max_n"] = int(rows.n.max())

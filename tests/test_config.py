@@ -66,3 +66,9 @@ def test_params_hash_changes_with_values(raw: dict) -> None:
     b = validate_params(b_raw)
     assert params_hash(a.partition) == params_hash(validate_params(copy.deepcopy(raw)).partition)
     assert params_hash(a.run) != params_hash(b.run)
+
+
+def test_paper_scale_params_are_valid() -> None:
+    params = load_params(REPO / "params-paper.yaml")
+    assert params.partition.federations["otdd_benchmarks"].samples_per_client == 5000
+    assert max(params.fed_distance.toy.n_values) == 10000

@@ -33,8 +33,9 @@ class FedWaDConfig:
     """Algorithm 1 settings. ``t=None`` draws t ~ U(0,1) independently at every interpolation (default:
     with a fixed t = 0.5 the estimate stalls strictly above W in dimension ≥ 10, SPEC §2).
 
-    ``solver="auto"``: the network simplex for exact interpolation (eq. 5 needs its sparse plan), the
-    semi-dual Newton solver (fast for S ≪ n, cost within ε·log S of exact) for approximate interpolation.
+    ``solver="auto"`` picks per subproblem (:func:`subproblem_solver`): the network simplex for exact
+    interpolation (eq. 5 needs its sparse vertex plan) and for comparable sizes; the semi-dual Newton
+    solver when one side is ≥ 100× larger than the other (S ≪ n), where it is 6–180× faster.
     """
 
     support_size: int = 10
@@ -55,12 +56,23 @@ class FedWaDConfig:
             raise ValueError(f"interpolation must be 'approx' or 'exact', got {self.interpolation!r}")
         if self.support_size < 1 or self.iterations < 1:
             raise ValueError("support_size and iterations must be ≥ 1")
-        if self.solver == "auto":
-            object.__setattr__(self, "solver",
-                               "network_simplex" if self.interpolation == "exact" else "semidual_newton")
-        if self.interpolation == "exact" and self.solver != "network_simplex":
+        if self.interpolation == "exact" and self.solver == "semidual_newton":
             raise ValueError("exact interpolation (eq. 5) needs the sparse vertex plan of the network simplex; "
                              "an entropic plan is dense and the support would grow to n·m atoms")
+
+
+SEMIDUAL_MIN_RATIO = 100
+
+
+def subproblem_solver(config: FedWaDConfig, n: int, m: int) -> str:
+    """The OT solver for one n×m subproblem. ``auto``: semi-dual Newton iff approximate interpolation and
+    max(n, m) ≥ 100·min(n, m) — measured: 10×20,000 ≈ 100× faster than the network simplex, 100×20,000
+    6×, but 100–200 × 2,000–5,000 2–3× slower (bench/ and tests/ot)."""
+    if config.solver != "auto":
+        return config.solver
+    if config.interpolation == "exact":
+        return "network_simplex"
+    return "semidual_newton" if max(n, m) >= SEMIDUAL_MIN_RATIO * min(n, m) else "network_simplex"
 
 
 def draw_t(config: FedWaDConfig, rng: np.random.Generator) -> float:
@@ -73,7 +85,8 @@ def interpolation_step(source: Measure, target: Measure, t: float, config: FedWa
 
     Returns the interpolating measure and W_p(source, target) (the plan is solved once for both).
     """
-    transport = optimal_transport(source, target, p=config.p, solver=config.solver)
+    transport = optimal_transport(source, target, p=config.p,
+                                  solver=subproblem_solver(config, source.n, target.n))
     if config.interpolation == "approx":
         return interpolate_approx(source, target, transport.plan, t), transport.cost
     return interpolate_exact(source, target, transport.plan, t), transport.cost
@@ -96,7 +109,7 @@ def server_step(xi_mu: Measure, xi_nu: Measure, t: float, config: FedWaDConfig) 
 
 def distance_to(private: Measure, xi: Measure, config: FedWaDConfig) -> float:
     """W_p(private, ξ), computed by the client that holds ``private`` (Algorithm 1, line 9)."""
-    return optimal_transport(private, xi, p=config.p, solver=config.solver).cost
+    return optimal_transport(private, xi, p=config.p, solver=subproblem_solver(config, private.n, xi.n)).cost
 
 
 class WassersteinClient:
@@ -153,7 +166,7 @@ class WassersteinServer:
         assert self.xi is not None
         p = self.config.p
         inner = (optimal_transport(msg_mu.measure, self.xi, p=p).cost
-                 + optimal_transport(self.xi, msg_nu.measure, p=p).cost)
+                 + optimal_transport(self.xi, msg_nu.measure, p=p).cost)  # exact, for theorem 2
         return d_mu.value + inner + d_nu.value
 
     @staticmethod

@@ -19,13 +19,15 @@ def toy_figure(rows: pd.DataFrame) -> plt.Figure:
     combos = rows[["dim", "ratio"]].drop_duplicates().sort_values(["dim", "ratio"]).itertuples(index=False)
     combos = list(combos)
     fig, axes = plt.subplots(len(combos), 2, figsize=(11, 3.3 * len(combos)), squeeze=False)
+    rows = rows.assign(support=rows.support.where(rows.method != "fedwad_exact_interp", -1))
     agg = rows.groupby(["method", "dim", "ratio", "n", "support"], as_index=False)[["seconds", "rel_error"]].mean()
     for r, (dim, ratio) in enumerate(combos):
         sub = agg[(agg.dim == dim) & (agg.ratio == ratio)]
         for (method, support), line in sub.groupby(["method", "support"]):
             color, ls = METHOD_STYLE.get(method, ("gray", ":"))
-            label = "exact W (POT)" if method == "exact_ot" else f"{method.replace('fedwad_', 'FedWaD ')} S={support}"
-            alpha = 0.4 + 0.6 * (np.log10(max(support, 1)) / 2.0 if support else 1.0)
+            label = {"exact_ot": "exact W (POT)", "fedwad_exact_interp": "FedWaD exact interp. (S=n)"}.get(
+                method, f"FedWaD approx S={support}")
+            alpha = 0.4 + 0.6 * (np.log10(support) / 2.0 if support > 0 else 1.0)
             axes[r, 0].plot(line.n, line.seconds, color=color, ls=ls, marker="o", ms=3, alpha=min(alpha, 1), label=label)
             if method != "exact_ot":
                 axes[r, 1].plot(line.n, line.rel_error.clip(lower=1e-8), color=color, ls=ls, marker="o", ms=3,

@@ -60,12 +60,18 @@ def interpolate_approx(mu: Measure, nu: Measure, plan: np.ndarray, t: float) -> 
 
 
 def interpolating_measure(
-    mu: Measure, nu: Measure, t: float, p: int = 2, mode: str = "approx", solver: str = "network_simplex"
+    mu: Measure,
+    nu: Measure,
+    t: float,
+    p: int = 2,
+    mode: str = "approx",
+    solver: str = "network_simplex",
+    **solver_options,
 ) -> tuple[Measure, float]:
     """The FedWaD interpolating measure between μ and ν at time t, and W_p(μ, ν) (SPEC §2).
 
     Solves the optimal plan P for the cost ||x − y||^p (``solver`` as in
-    :func:`otfed.ot.optimal_transport`), then builds the interpolant with FedWaD eq. 10 (``mode="approx"``,
+    :func:`otfed.ot.optimal_transport`, which receives ``solver_options``), then builds the interpolant with FedWaD eq. 10 (``mode="approx"``,
     :func:`interpolate_approx`) or eq. 5 (``mode="exact"``, :func:`interpolate_exact`).
     Returns ``(ξ_t, W_p(μ, ν))``.
     """
@@ -75,6 +81,6 @@ def interpolating_measure(
         raise ValueError(f"unknown interpolation mode {mode!r}; allowed values: {', '.join(MODES)}")
     if solver not in SOLVERS:
         raise ValueError(f"unknown OT solver {solver!r}; allowed values: {', '.join(SOLVERS)}")
-    transport = optimal_transport(mu, nu, p=p, solver=solver)
+    transport = optimal_transport(mu, nu, p=p, solver=solver, **solver_options)
     build = interpolate_approx if mode == "approx" else interpolate_exact
     return build(mu, nu, transport.plan, t), transport.cost

@@ -10,7 +10,7 @@ import numpy as np
 WEIGHT_SUM_TOL = 1e-8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Measure:
     """A discrete measure μ = Σ_i w_i δ_{x_i} (SPEC §0 convention ``(X, w)``).
 

@@ -16,7 +16,7 @@ from otfed.errors import DegenerateClientError
 from otfed.ot.exact import DEFAULT_NUM_ITERMAX, cost_matrix, exact_plan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ClassStats:
     """Per-class Gaussian statistics of one data set (FedWaD §5 / SPEC §2 "Federated OTDD").
 
@@ -76,7 +76,7 @@ def class_statistics(x: np.ndarray, y: np.ndarray, diagonal: bool = True, client
     labels, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
     small = counts < 2
     if np.any(small):
-        detail = ", ".join(f"class {lab!r} has {c} sample" for lab, c in zip(labels[small].tolist(), counts[small]))
+        detail = ", ".join(f"class {lab!r} has {c} sample{'s' if c != 1 else ''}" for lab, c in zip(labels[small].tolist(), counts[small]))
         raise DegenerateClientError(f"client {client!r}: every class needs at least 2 samples; {detail}")
     k, d = labels.shape[0], x.shape[1]
     means = np.zeros((k, d))
@@ -143,6 +143,8 @@ def label_cost(stats_s: ClassStats, stats_t: ClassStats) -> np.ndarray:
         products = np.matmul(root_s[None, :, :], stats_t.sqrt_covs)  # (k_t, d, d)
         nuclear = np.linalg.svd(products, compute_uv=False).sum(axis=-1)
         bures[i] = tr_s[i] + tr_t - 2.0 * nuclear
+        same = np.all(stats_t.sqrt_covs == root_s[None, :, :], axis=(1, 2))
+        bures[i, same] = 0.0  # Bures(A, A) = 0 exactly; avoids a rounding residue of ~1e-16·tr A
     return mean_term + np.maximum(bures, 0.0)
 
 

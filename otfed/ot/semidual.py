@@ -3,7 +3,8 @@
 FedWaD (SPEC §2, Algorithm 1) repeatedly transports a small interpolating measure (S atoms, S ≲ 200)
 to a client's full data set (n up to 20,000+). The exact network simplex costs seconds on such a
 problem (≈5 s for 10 × 20,000 in 2-D); the semi-dual below has only S unknowns, so each Newton step is
-one pass over the n×S cost matrix plus an S×S solve.
+one pass over the n×S cost matrix plus an S×S solve (≈0.04 s in total for 10 × 20,000). Its advantage
+shrinks as S grows: at 100–200 × 5,000 the network simplex is as fast or faster.
 """
 
 from __future__ import annotations
@@ -263,13 +264,18 @@ def semidual_plan(
     whose maximiser gives the plan P_ij = a_i softmax_j(log b_j + (g_j − M_ij)/ε) of
     min_{P ∈ Π(a,b)} <P, M> + ε KL(P | a⊗b). Its rows sum exactly to a; its columns sum to b within
     ``tol`` (L1). F_ε is concave and smooth, so damped Newton (S×S Hessian, backtracking line search)
-    converges globally; ε is annealed from ≈ max M down to ε_final = ``eps_rel`` · mean(M), dividing by
-    10 per stage and warm-starting each stage from the previous g. ``g_init`` (a g returned by an earlier
-    call on a nearby problem) is tried directly at ε_final first; if it does not converge quickly the
-    full annealing schedule runs from it.
+    converges globally; ε is annealed geometrically from ≈ max M down to ε_final = ``eps_rel`` · mean(M),
+    dividing by ≈5 per stage (fewer Newton steps than 10, 30 or 100 in our measurements) and
+    warm-starting each stage from the previous g. ``g_init`` (the g of an earlier call on the same or a
+    nearby problem, e.g. the previous FedWaD iteration) skips the large-ε stages it already resolves:
+    the annealing starts at the smallest ε whose Newton step from g_init is within one previous-stage ε.
 
     It is an **entropic approximation**: <P, M> exceeds the exact optimum by at most ε·log S per unit
-    mass (ε KL(P*|a⊗b) ≤ ε H(b) ≤ ε log S), i.e. a relative excess ≤ eps_rel·log S·mean(M)/OT.
+    mass (ε KL(P*|a⊗b) ≤ ε H(b) ≤ ε log S), i.e. a relative excess ≤ eps_rel·log S·mean(M)/OT. The
+    default eps_rel = 1e-7 (rather than 1e-5) costs about the same number of Newton steps and, once ε is
+    below the smallest non-zero reduced-cost gap, reproduces the exact plan: on generic 100–200 × 5,000
+    problems barycentric projections (P Y)/a agreed with the network simplex to ~1e-7, against ~1e-2
+    at eps_rel = 1e-5.
 
     The small side may be either argument: when len(a) < len(b) the problem is solved transposed, and
     the returned g (length min(len(a), len(b))) always lives on the small side. Zero-weight atoms get
