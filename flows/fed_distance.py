@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from otfed import io, tracking
@@ -19,7 +19,7 @@ from otfed.federation.otdd import (client_pairs, distance_matrix, federated_otdd
                                    usable_clients)
 from otfed.figures import fed_distance as figs
 from otfed.metrics import order_preservation
-from otfed.orchestration import fan_out, task_runner
+from otfed.orchestration import fan_out, stage_flow
 
 toy_case_task = task(name="toy-case", cache_policy=NO_CACHE)(exp.toy_case)
 toy_convergence_task = task(name="toy-convergence", cache_policy=NO_CACHE)(exp.toy_convergence)
@@ -35,8 +35,8 @@ def fedwad_config(p: FedWaDParams, **overrides: Any) -> FedWaDConfig:
 
 
 def fed_distance_flow_factory(params: Params) -> Any:
-    return flow(name="fed_distance", validate_parameters=False,
-                task_runner=task_runner(params.run.task_runner, params.run.max_workers))(fed_distance)
+    """The stage flow, with the task runner named in ``run.task_runner``."""
+    return stage_flow("fed_distance", fed_distance, params.run.task_runner, params.run.max_workers)
 
 
 def fed_distance(params: dict) -> dict:
@@ -104,7 +104,7 @@ def _toy(fd: Any, seed: int, run: tracking.TrackedRun, out: Path) -> dict:
     summary["max_n"] = int(rows.n.max())
     summary["seconds_fedwad_approx_total"] = float(approx.seconds.sum())
     summary["seconds_exact_ot_total"] = float(exact_rows.seconds.sum())
-    last = conv.sort_values("iteration").groupby("setting").tail(1)
+    last = conv.sort_values("iteration").groupby(["dim", "setting"]).tail(1)
     for r in last.itertuples():
         summary[f"convergence_gap_d{r.dim}_{r.setting}"] = float(r.rel_gap)
     return summary

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from otfed import io, tracking
@@ -14,7 +14,7 @@ from otfed.config import Params, flatten, groups, params_hash
 from otfed.data.federations import build_federation
 from otfed.data.store import save_federation
 from otfed.figures.partition import class_histograms
-from otfed.orchestration import fan_out, task_runner
+from otfed.orchestration import fan_out, stage_flow
 
 
 @task(name="build-federation", cache_policy=NO_CACHE)
@@ -27,8 +27,7 @@ def build_one(name: str, spec: Any, data_dir: str, seed: int, out_dir: str) -> d
 
 def partition_flow_factory(params: Params) -> Any:
     """The stage flow, with the task runner named in ``run.task_runner``."""
-    return flow(name="partition", validate_parameters=False,
-                task_runner=task_runner(params.run.task_runner, params.run.max_workers))(partition)
+    return stage_flow("partition", partition, params.run.task_runner, params.run.max_workers)
 
 
 def partition(params: dict) -> dict:

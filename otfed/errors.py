@@ -23,3 +23,7 @@ class DegenerateClientError(OtfedError):
 
 class OTConvergenceError(OtfedError):
     """An exact OT solver stopped before reaching optimality (e.g. POT's numItermax was hit)."""
+
+
+class SupportGrowthError(OtfedError):
+    """Exact interpolating measures (FedWaD eq. 5) grew beyond the configured support cap."""

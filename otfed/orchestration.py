@@ -39,6 +39,14 @@ def task_runner(kind: str, max_workers: int) -> Any:
     raise ValueError(f"run.task_runner must be one of thread, sequential, process (got {kind!r})")
 
 
+def stage_flow(name: str, fn: Callable[..., Any], runner_kind: str, max_workers: int) -> Any:
+    """Wrap a stage function as a Prefect flow with the configured task runner (params are validated by
+    otfed.config before, so Prefect's own parameter validation is off)."""
+    from prefect import flow
+
+    return flow(name=name, validate_parameters=False, task_runner=task_runner(runner_kind, max_workers))(fn)
+
+
 def fan_out(task: Any, jobs: Iterable[dict[str, Any]]) -> list[Any]:
     """Submit ``task`` once per kwargs dict to the flow's task runner; results in job order.
 

@@ -20,9 +20,10 @@ from typing import Literal
 
 import numpy as np
 
+from otfed.errors import SupportGrowthError
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
-from otfed.ot import Measure, interpolate_approx, interpolate_exact, optimal_transport
+from otfed.ot import Measure, interpolating_measure, optimal_transport
 
 Interpolation = Literal["approx", "exact"]
 Solver = Literal["auto", "network_simplex", "semidual_newton"]
@@ -46,6 +47,7 @@ class FedWaDConfig:
     solver: Solver = "auto"
     init_scale: float = 1.0
     record_history: bool = False
+    max_support: int | None = None  # exact mode: stop with SupportGrowthError beyond this many atoms
 
     def __post_init__(self) -> None:
         if self.t is not None and not 0.0 < self.t < 1.0:
@@ -83,13 +85,10 @@ def draw_t(config: FedWaDConfig, rng: np.random.Generator) -> float:
 def interpolation_step(source: Measure, target: Measure, t: float, config: FedWaDConfig) -> tuple[Measure, float]:
     """InterpMeas(source → target) at time t: eq. 10 (approx, support = |source|) or eq. 5 (exact).
 
-    Returns the interpolating measure and W_p(source, target) (the plan is solved once for both).
+    Returns the interpolating measure and W_p(source, target) (one plan serves both).
     """
-    transport = optimal_transport(source, target, p=config.p,
-                                  solver=subproblem_solver(config, source.n, target.n))
-    if config.interpolation == "approx":
-        return interpolate_approx(source, target, transport.plan, t), transport.cost
-    return interpolate_exact(source, target, transport.plan, t), transport.cost
+    return interpolating_measure(source, target, t, p=config.p, mode=config.interpolation,
+                                 solver=subproblem_solver(config, source.n, target.n))
 
 
 def client_step(private: Measure, xi: Measure, t: float, config: FedWaDConfig) -> Measure:
@@ -205,6 +204,9 @@ def fedwad(client_mu: WassersteinClient, client_nu: WassersteinClient, server: W
         msg_nu = channel.send(client_nu.interpolate(req_nu))
         server.combine(msg_mu, msg_nu)
         sizes.append(server.xi.n)  # type: ignore[union-attr]
+        if config.max_support is not None and sizes[-1] > config.max_support:
+            raise SupportGrowthError(f"exact interpolation: the support of ξ grew to {sizes[-1]} atoms "
+                                     f"(> max_support={config.max_support}) at iteration {k}")
         if config.record_history:
             # Optional monitoring: each client reports W(own, own interpolant) — one scalar per round.
             d_mu = channel.send(client_mu.distance(_echo(msg_mu, client_mu.name), kind="monitor_distance"))

@@ -125,3 +125,12 @@ def test_same_seed_same_estimate_and_config_validation() -> None:
         FedWaDConfig(t=1.0)
     with pytest.raises(ValueError, match="different feature dimensions"):
         federated_wasserstein(x, y[:, :1], config)
+
+
+def test_exact_interpolation_support_cap_is_a_clear_error() -> None:
+    from otfed.errors import SupportGrowthError
+
+    x, y = gaussians(60, 20, 2, seed=11)  # unequal sizes: exact interpolants split atoms every round
+    config = FedWaDConfig(support_size=60, iterations=30, interpolation="exact", max_support=100)
+    with pytest.raises(SupportGrowthError, match=r"grew to \d+ atoms \(> max_support=100\) at iteration \d+"):
+        federated_wasserstein(x, y, config, seed=0)
