@@ -106,7 +106,7 @@ def _toy(fd: Any, seed: int, run: tracking.TrackedRun, out: Path) -> dict:
     summary["seconds_exact_ot_total"] = float(exact_rows.seconds.sum())
     last = conv.sort_values("iteration").groupby(["dim", "setting"]).tail(1)
     for r in last.itertuples():
-        summary[f"convergence_gap_d{r.dim}_{r.setting}"] = float(r.rel_gap)
+        summary[f"convergence_gap_d{r.dim}_{r.interpolation}_S{r.support}_t{r.t}"] = float(r.rel_gap)
     return summary
 
 
