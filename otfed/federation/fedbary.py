@@ -1,0 +1,443 @@
+"""FedBary (Li, Fu, Zhang, Pang — "Data Valuation and Detections in Federated Learning"), Algorithm 1:
+the distance W_p(P_i, Q) between every client's label-augmented measure P_i and a server-side target Q,
+computed without any client sample leaving its client.
+
+The server's target Q is its validation set (augmented with the server's own class statistics) when it
+has one, else a free-support Wasserstein barycenter of the clients whose support X̃_Q (S atoms, uniform
+weights) starts at random. Each client i keeps γ_i, an interpolating measure between P_i and Q (S
+random atoms at first, drawn privately by the client). Iteration k = 1..K (paper Algorithm 1, eqs. 4–7):
+
+  client i:  η_{P_i} = InterpMeas(γ_i → P_i);  d_i^client = W(P_i, η_{P_i}) + W(η_{P_i}, γ_i)   (line 3)
+             sends γ_i and d_i^client                                                          (line 4)
+  server:    [no validation, k ≥ 2] X̃_Q ← barycenter step towards the received γ_i            (line 8)
+             η_{Q_i} = InterpMeas(γ_i → Q);  d_i^server = W(Q, η_{Q_i}) + W(η_{Q_i}, γ_i)       (line 5)
+             sends η_{Q_i}                                                                     (line 6)
+  client i:  γ_i ← InterpMeas(η_{P_i} → η_{Q_i})                                  (line 7, eq. 7)
+
+W(P_i, Q) ≤ d_i^client + d_i^server (eq. 6, triangle inequality) is the per-iteration estimate; the
+history records Σ_i of it. A closing round (K + 1) sends γ_i^(K) and the direct W(P_i, γ_i^(K)); the
+server adds W(γ_i^(K), Q) — the reported distance, again an upper bound on W(P_i, Q).
+
+Design choices (and why):
+- Interpolating measures are built on γ's atoms (FedWaD eq. 10 from the γ side, as in FedWaD's client
+  step), so every measure that crosses the boundary has S atoms in approximate mode: communication is
+  O(S·d) per message and the server's OT problems are S × S or S × m. The paper's eq. 5 writes η_{P_i}
+  on P_i's atoms; on the geodesic both parametrisations describe the same measures, and η_{P_i} never
+  leaves the client anyway.
+- t ~ U(0, 1) is drawn privately at every interpolation by default (SPEC §2: a fixed t = 0.5 stalls
+  above W in dimension ≥ 10).
+- Monotonicity (paper theorem 1): with a fixed target Q (validation set) and geodesic interpolants
+  (``interpolation="exact"``, or approximate interpolation where every plan is a permutation: uniform
+  measures with S = n_i = m), Σ_i (d_i^client + d_i^server) is non-increasing in k; proof: the γ update
+  replaces the broken path η_P → γ → η_Q by the geodesic η_P → η_Q. With approximate interpolation and
+  split plans (S ≠ n_i) each triangle step can add a small excess (barycentric projections are not
+  geodesic points), and without validation Q moves between iterations.
+- Barycenter step (``barycenter_step``): ``"interpolants"`` is the paper's literal line 8, one
+  free-support fixed-point step X̃_Q ← Σ_i λ_i T_{Q→γ_i}(X̃_Q) (barycentric maps, λ_i = 1/N) — the
+  barycenter of the γ_i. Because γ_i sits at a random, client-specific fraction s_i of the geodesic
+  from Q to P_i, T_{Q→γ_i} = (1 − s_i)·Id + s_i·T_{Q→P_i} there, so the fixed point of this step is a
+  barycenter of the P_i with weights ∝ λ_i s_i, and it keeps jittering with the random t's (measured:
+  W2 to the true barycenter 0.04–1.1 after 40 iterations, tests/federation/test_fedbary.py).
+  ``"reweighted"`` (default) takes X̃_Q ← Σ_i w_i T_{Q→γ_i}(X̃_Q) with w_i ∝ λ_i/ŝ_i, where
+  ŝ_i = W(Q, γ_i) / (W(Q, γ_i) + d_i^client) is γ_i's position on the Q → P_i path (the server has its
+  own plan to γ_i and the distance the client reports). Its fixed points satisfy
+  Σ_i λ_i (T_{Q→P_i}(X) − X) = 0 when the γ_i are on their geodesics — the free-support barycenter of
+  the P_i (Cuturi & Doucet 2014; POT ``free_support_barycenter``) — and each step is a convex
+  combination of the maps to the γ_i, so nothing is amplified. (The unnormalised "extrapolated" step
+  X + Σ_i λ_i (T_{Q→γ_i}(X) − X)/ŝ_i has the same fixed points but divides errors by small ŝ_i; it was
+  measured unstable and is not offered.)
+- Privacy caveat (a property of the paper's protocol, which sends d_i^client every round): from γ_i,
+  d_i^client and its own Q the server can form X + (T_{Q→γ_i}(X) − X)/ŝ_i ≈ T_{Q→P_i}(X), the
+  barycentric projections of Q's atoms onto P_i (cell means of P_i). With S ≥ n_i and converged γ_i
+  these approach P_i's samples. No message carries a sample (tested), but keep S ≪ n_i when that
+  matters.
+
+Client and server steps are pure functions (:func:`geodesic_split`, :func:`client_gamma_update`,
+:func:`barycenter_step`); :class:`BaryClient` / :class:`BaryServer` wrap them behind typed messages, and
+:func:`fedbary` drives the protocol over a ledgered :class:`~otfed.federation.ledger.Channel`. Server
+methods take messages only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+
+from otfed.errors import DegenerateClientError, SupportGrowthError
+from otfed.federation.fedwad import FedWaDConfig, draw_t, interpolation_step, subproblem_solver
+from otfed.federation.ledger import Channel, Ledger
+from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
+from otfed.federation.otdd import LabelledData, augmented_measure
+from otfed.ot import Measure, interpolate_approx, optimal_transport
+
+Interpolation = Literal["approx", "exact"]
+Solver = Literal["auto", "network_simplex", "semidual_newton"]
+BarycenterStep = Literal["reweighted", "interpolants"]
+Potential = Literal["sinkhorn", "exact"]
+
+
+@dataclass(frozen=True)
+class FedBaryConfig:
+    """Algorithm 1 settings.
+
+    ``support_size`` S: atoms of every γ_i (and of the barycenter support X̃_Q). ``t=None`` draws
+    t ~ U(0, 1) at every interpolation. ``p``: W_p with ground cost ||x − y||^p. ``interpolation`` /
+    ``solver`` as in :class:`~otfed.federation.fedwad.FedWaDConfig`. ``init_scale``: γ_i^(0) and X̃_Q^(0)
+    atoms ~ N(0, init_scale² I). ``barycenter_step``: see the module docstring; ``min_geodesic_fraction``
+    floors ŝ_i (guards against division by ~0). ``diagonal``: diagonal class covariances in the label augmentation (SPEC §3).
+    ``max_support``: exact mode raises :class:`SupportGrowthError` when a γ_i grows beyond it.
+    """
+
+    support_size: int = 50
+    iterations: int = 20
+    t: float | None = None
+    p: int = 2
+    interpolation: Interpolation = "approx"
+    solver: Solver = "auto"
+    init_scale: float = 1.0
+    barycenter_step: BarycenterStep = "reweighted"
+    min_geodesic_fraction: float = 1e-3
+    diagonal: bool = True
+    max_support: int | None = None
+
+    def __post_init__(self) -> None:
+        # FedWaDConfig validates t, p, interpolation, solver, sizes
+        self.fedwad()
+        if self.barycenter_step not in ("reweighted", "interpolants"):
+            raise ValueError(f"barycenter_step must be 'reweighted' or 'interpolants', got {self.barycenter_step!r}")
+        if not 0.0 < self.min_geodesic_fraction <= 1.0:
+            raise ValueError(f"min_geodesic_fraction must be in (0, 1], got {self.min_geodesic_fraction}")
+
+    def fedwad(self) -> FedWaDConfig:
+        """The FedWaD settings used for every interpolation and OT subproblem."""
+        return FedWaDConfig(support_size=self.support_size, iterations=self.iterations, t=self.t, p=self.p,
+                            interpolation=self.interpolation, solver=self.solver, init_scale=self.init_scale,
+                            max_support=self.max_support)
+
+
+# ----------------------------------------------------------------------------------------------------
+# pure steps
+
+
+def _distance(mu: Measure, nu: Measure, config: FedWaDConfig) -> float:
+    """W_p(μ, ν) with the subproblem solver FedWaD would pick for these sizes."""
+    return optimal_transport(mu, nu, p=config.p, solver=subproblem_solver(config, mu.n, nu.n)).cost
+
+
+def geodesic_split(endpoint: Measure, gamma: Measure, t: float, config: FedBaryConfig) -> tuple[Measure, float]:
+    """η = InterpMeas(γ → endpoint) at time t and W(endpoint, η) + W(η, γ) — FedBary eqs. 4–5.
+
+    Used by the client with endpoint P_i (η_{P_i}, d_i^client; Algorithm 1, line 3) and by the server with
+    endpoint Q (η_{Q_i}, d_i^server; line 5). The sum is ≥ W(endpoint, γ) (triangle inequality), with
+    equality for geodesic (exact) interpolants.
+    """
+    fw = config.fedwad()
+    eta, _ = interpolation_step(gamma, endpoint, t, fw)
+    return eta, _distance(endpoint, eta, fw) + _distance(eta, gamma, fw)
+
+
+def client_gamma_update(eta_p: Measure, eta_q: Measure, t: float, config: FedBaryConfig) -> Measure:
+    """γ_i ← InterpMeas(η_{P_i} → η_{Q_i}) at time t — FedBary eq. 7 (Algorithm 1, line 7).
+
+    A point on the geodesic between η_{P_i} and η_{Q_i}: W(η_P, γ) + W(γ, η_Q) = W(η_P, η_Q) for exact
+    interpolants, which is what makes Σ_i A_i^(k) non-increasing (theorem 1).
+    """
+    gamma, _ = interpolation_step(eta_p, eta_q, t, config.fedwad())
+    return gamma
+
+
+def barycentric_map(source: Measure, target: Measure, config: FedBaryConfig) -> tuple[np.ndarray, float]:
+    """T_{source→target}(X) = (π Y)_i / a_i for every atom of ``source`` — the barycentric projection of
+    the optimal plan π (FedWaD eq. 10 at t = 1) — and W_p(source, target) from the same plan.
+    Returns an (n_source, d) array and the distance."""
+    fw = config.fedwad()
+    transport = optimal_transport(source, target, p=config.p, solver=subproblem_solver(fw, source.n, target.n))
+    return interpolate_approx(source, target, transport.plan, 1.0).support, transport.cost
+
+
+def geodesic_fraction(d_server: float, d_client: float, floor: float) -> float:
+    """ŝ_i = W(Q, γ_i) / (W(Q, γ_i) + W(γ_i, P_i)), clipped to [floor, 1]: the fraction of the path
+    Q → γ_i → P_i covered at γ_i (exact on a geodesic)."""
+    total = d_client + d_server
+    if not total > 0:
+        return 1.0
+    return float(np.clip(d_server / total, floor, 1.0))
+
+
+def barycenter_step(support: Measure, gammas: Sequence[Measure], config: FedBaryConfig,
+                    client_distances: Sequence[float] | None = None,
+                    weights: Sequence[float] | None = None) -> Measure:
+    """One free-support barycenter fixed-point step X̃_Q ← Σ_i w_i T_{Q→γ_i}(X̃_Q) (Algorithm 1, line 8).
+
+    T is the barycentric map (:func:`barycentric_map`). ``client_distances=None`` or
+    ``config.barycenter_step == "interpolants"``: w_i = λ_i, the paper's literal step towards the γ_i
+    (Cuturi & Doucet 2014, alg. 2, with the γ_i as the input measures). Otherwise (``"reweighted"``)
+    w_i ∝ λ_i/ŝ_i with ŝ_i = :func:`geodesic_fraction` of W(Q, γ_i) (from the same plan) and the
+    client's d_i ≈ W(P_i, γ_i): since T_{Q→γ_i} − Id = ŝ_i (T_{Q→P_i} − Id) on the geodesic, the step
+    is h·Σ_i λ_i (T_{Q→P_i}(X) − X) with h = 1/Σ_i(λ_i/ŝ_i) ≤ 1 — the free-support fixed point of the
+    P_i, damped. ``weights`` λ_i default to 1/N. Q's weights stay fixed (uniform); only its support moves.
+    """
+    n = len(gammas)
+    if n == 0:
+        raise ValueError("barycenter_step needs at least one measure")
+    lam = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, dtype=np.float64)
+    if lam.shape != (n,) or np.any(lam < 0) or not np.isclose(lam.sum(), 1.0):
+        raise ValueError(f"barycenter weights must be {n} non-negative numbers summing to 1, got {lam}")
+    reweight = client_distances is not None and config.barycenter_step != "interpolants"
+    if reweight and len(client_distances) != n:  # type: ignore[arg-type]
+        raise ValueError(f"need {n} client distances, got {len(client_distances)}")  # type: ignore[arg-type]
+    X = support.support
+    displacement, inv_s = [], np.ones(n)
+    for i, gamma in enumerate(gammas):
+        mapped, w_q_gamma = barycentric_map(support, gamma, config)
+        displacement.append(mapped - X)
+        if reweight:
+            inv_s[i] = 1.0 / geodesic_fraction(w_q_gamma, float(client_distances[i]),  # type: ignore[index]
+                                               config.min_geodesic_fraction)
+    w = lam * inv_s
+    w /= w.sum()
+    step = sum(w_i * d_i for w_i, d_i in zip(w, displacement))
+    return Measure(X + step, support.weights)
+
+
+def contribution_percent(distances: Sequence[float]) -> np.ndarray:
+    """Client contributions (FedBary §4.2): score_i = (1/W(P_i, Q)) / Σ_j (1/W(P_j, Q)), in percent.
+
+    A client at distance 0 from the target takes the whole contribution (shared equally among such
+    clients).
+    """
+    d = np.asarray(distances, dtype=np.float64)
+    if d.ndim != 1 or d.size == 0 or np.any(d < 0) or not np.all(np.isfinite(d)):
+        raise ValueError(f"distances must be a non-empty vector of finite non-negative numbers, got {d}")
+    zero = d <= 0
+    if zero.any():
+        return 100.0 * zero / zero.sum()
+    inv = 1.0 / d
+    return 100.0 * inv / inv.sum()
+
+
+# ----------------------------------------------------------------------------------------------------
+# roles
+
+
+class BaryClient:
+    """A FedBary client: keeps its label-augmented measure P_i, γ_i, η_{P_i} and the last η_{Q_i} private;
+    sends only γ_i (S atoms) and distances."""
+
+    def __init__(self, name: str, measure: Measure, config: FedBaryConfig, rng: np.random.Generator) -> None:
+        self.name = name
+        self._measure = measure
+        self._config = config
+        self._rng = rng
+        self._gamma = Measure.uniform(rng.normal(0.0, config.init_scale, size=(config.support_size, measure.dim)))
+        self._eta_p: Measure | None = None
+        self._eta_q: Measure | None = None
+
+    @classmethod
+    def from_data(cls, data: LabelledData, config: FedBaryConfig, rng: np.random.Generator) -> "BaryClient":
+        """A client whose P_i is the uniform measure on its label-augmented samples [x; m_y; Σ_y^{1/2}].
+
+        Raises :class:`DegenerateClientError` naming the client (no samples, NaN/inf features, a class
+        with fewer than two samples).
+        """
+        return cls(data.name, augmented_measure(data, diagonal=config.diagonal), config, rng)
+
+    @property
+    def dim(self) -> int:
+        """Public metadata: the (augmented) dimension, needed by the server to initialise X̃_Q."""
+        return self._measure.dim
+
+    @property
+    def eta_q(self) -> Measure | None:
+        """The last η_{Q_i} received from the server (client-local; the reference for datum values)."""
+        return self._eta_q
+
+    def report(self) -> tuple[MeasureMessage, DistanceMessage]:
+        """Algorithm 1, lines 3–4: compute η_{P_i} and d_i^client; send γ_i and d_i^client."""
+        t = draw_t(self._config.fedwad(), self._rng)
+        self._eta_p, d_client = geodesic_split(self._measure, self._gamma, t, self._config)
+        return (MeasureMessage("gamma", self.name, SERVER, measure=self._gamma),
+                DistanceMessage("client_distance", self.name, SERVER, value=d_client))
+
+    def update(self, eta_q: MeasureMessage) -> None:
+        """Algorithm 1, line 7: γ_i ← InterpMeas(η_{P_i} → η_{Q_i})."""
+        if self._eta_p is None:
+            raise RuntimeError(f"client {self.name!r}: update() before report()")
+        self._eta_q = eta_q.measure
+        t = draw_t(self._config.fedwad(), self._rng)
+        self._gamma = client_gamma_update(self._eta_p, eta_q.measure, t, self._config)
+        cap = self._config.max_support
+        if cap is not None and self._gamma.n > cap:
+            raise SupportGrowthError(f"client {self.name!r}: exact interpolation grew γ to {self._gamma.n} atoms "
+                                     f"(> max_support={cap})")
+
+    def final_report(self) -> tuple[MeasureMessage, DistanceMessage]:
+        """Closing round: send γ_i^(K) and the direct W(P_i, γ_i^(K))."""
+        d = _distance(self._measure, self._gamma, self._config.fedwad())
+        return (MeasureMessage("gamma", self.name, SERVER, measure=self._gamma),
+                DistanceMessage("distance", self.name, SERVER, value=d))
+
+    def datum_values(self, potential: Potential = "sinkhorn", **options) -> np.ndarray:
+        """Calibrated gradients of this client's samples against its last η_{Q_i} (FedBary eq. 10).
+
+        Computed locally; never sent. See :func:`otfed.valuation.calibrated.calibrated_gradient`.
+        """
+        from otfed.valuation.calibrated import datum_values
+
+        if self._eta_q is None:
+            raise RuntimeError(f"client {self.name!r} has received no η_Q yet")
+        return datum_values(self._measure, self._eta_q, p=self._config.p, potential=potential, **options)
+
+
+class BaryServer:
+    """The FedBary server: holds the target Q (validation measure, or the barycenter support X̃_Q).
+
+    Its methods take messages only; it never sees P_i, η_{P_i} or any t drawn by a client.
+    """
+
+    def __init__(self, config: FedBaryConfig, rng: np.random.Generator, target: Measure | None = None,
+                 name: str = SERVER) -> None:
+        self.name = name
+        self.config = config
+        self._rng = rng
+        self.has_validation = target is not None
+        self.target: Measure | None = target
+
+    def initialise(self, dim: int) -> Measure:
+        """X̃_Q^(0): S atoms ~ N(0, init_scale² I), uniform weights (no validation set); else Q as given."""
+        if self.target is None:
+            support = self._rng.normal(0.0, self.config.init_scale, size=(self.config.support_size, dim))
+            self.target = Measure.uniform(support)
+        elif self.target.dim != dim:
+            raise ValueError(f"the validation set has dimension {self.target.dim} but the clients' augmented "
+                             f"samples have dimension {dim}")
+        return self.target
+
+    def update_barycenter(self, gammas: Sequence[MeasureMessage],
+                          client_distances: Sequence[DistanceMessage]) -> Measure:
+        """Algorithm 1, line 8 (no validation set): one barycenter fixed-point step towards the γ_i
+        (:func:`barycenter_step`; the clients' distances give ŝ_i for the ``"reweighted"`` step)."""
+        if self.has_validation:
+            raise RuntimeError("the server has a validation set: Q is fixed")
+        assert self.target is not None, "initialise() first"
+        by_sender = {d.sender: d.value for d in client_distances}
+        self.target = barycenter_step(self.target, [g.measure for g in gammas], self.config,
+                                      client_distances=[by_sender[g.sender] for g in gammas])
+        return self.target
+
+    def respond(self, gamma: MeasureMessage) -> tuple[MeasureMessage, DistanceMessage]:
+        """Algorithm 1, lines 5–6: η_{Q_i} = InterpMeas(γ_i → Q) and d_i^server; η_{Q_i} goes to client i,
+        d_i^server stays on the server (returned as a local message addressed to itself)."""
+        assert self.target is not None, "initialise() first"
+        t = draw_t(self.config.fedwad(), self._rng)
+        eta_q, d_server = geodesic_split(self.target, gamma.measure, t, self.config)
+        return (MeasureMessage("eta_Q", self.name, gamma.sender, measure=eta_q),
+                DistanceMessage("server_distance", self.name, self.name, value=d_server))
+
+    def final_distance(self, gamma: MeasureMessage, client_distance: DistanceMessage) -> float:
+        """Closing round: W(P_i, Q) ≤ W(P_i, γ_i) + W(γ_i, Q), the client's value plus the server's own."""
+        assert self.target is not None
+        return client_distance.value + _distance(gamma.measure, self.target, self.config.fedwad())
+
+    @staticmethod
+    def estimate(client_distance: DistanceMessage, server_distance: DistanceMessage) -> float:
+        """Per-iteration estimate W(P_i, Q) ≤ d_i^client + d_i^server (FedBary eq. 6)."""
+        return client_distance.value + server_distance.value
+
+
+# ----------------------------------------------------------------------------------------------------
+# driver
+
+
+@dataclass
+class FedBaryResult:
+    """Outcome of one FedBary session.
+
+    ``distances[i]``: the closing-round upper bound on W(P_i, Q); ``contributions``: percent (sums to 100);
+    ``history[k]``: Σ_i (d_i^client + d_i^server) at iteration k + 1; ``client_history[k, i]`` its terms;
+    ``target``: the final Q; ``datum_values``: per-client calibrated gradients when requested (computed
+    client-side; they never crossed the channel).
+    """
+
+    names: list[str]
+    distances: np.ndarray
+    contributions: np.ndarray
+    target: Measure
+    history: list[float] = field(default_factory=list)
+    client_history: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    ledger: Ledger = field(default_factory=Ledger)
+    datum_values: dict[str, np.ndarray] | None = None
+
+    @property
+    def total_distance(self) -> float:
+        """Σ_i W(P_i, Q) estimate after the closing round."""
+        return float(self.distances.sum())
+
+
+def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel | None = None,
+            datum_values: bool = False, potential: Potential = "sinkhorn") -> FedBaryResult:
+    """Run FedBary Algorithm 1 between ``clients`` and ``server`` through ``channel`` (every message is
+    ledgered). ``datum_values=True`` also has each client compute its calibrated gradients (eq. 10)
+    locally at the end."""
+    if not clients:
+        raise ValueError("FedBary needs at least one client")
+    names = [c.name for c in clients]
+    if len(set(names)) != len(names):
+        raise ValueError(f"client names must be unique, got {names}")
+    dims = {c.name: c.dim for c in clients}
+    if len(set(dims.values())) != 1:
+        raise ValueError(f"clients have different augmented dimensions: {dims}")
+    channel = channel or Channel(session="fedbary")
+    config = server.config
+    server.initialise(clients[0].dim)
+    history: list[float] = []
+    per_client: list[list[float]] = []
+    for k in range(1, config.iterations + 1):
+        channel.round = k
+        reports = [c.report() for c in clients]
+        gammas = [channel.send(g) for g, _ in reports]
+        d_clients = [channel.send(d) for _, d in reports]
+        if not server.has_validation and k >= 2:
+            server.update_barycenter(gammas, d_clients)
+        replies = [server.respond(g) for g in gammas]
+        for client, (eta_q, _) in zip(clients, replies):
+            client.update(channel.send(eta_q))
+        row = [server.estimate(dc, ds) for dc, (_, ds) in zip(d_clients, replies)]
+        per_client.append(row)
+        history.append(float(sum(row)))
+    channel.round = config.iterations + 1
+    finals = [c.final_report() for c in clients]
+    gammas = [channel.send(g) for g, _ in finals]
+    d_finals = [channel.send(d) for _, d in finals]
+    if not server.has_validation:
+        server.update_barycenter(gammas, d_finals)
+    distances = np.array([server.final_distance(g, d) for g, d in zip(gammas, d_finals)])
+    values = None
+    if datum_values:
+        values = {c.name: c.datum_values(potential=potential) for c in clients}
+    assert server.target is not None
+    return FedBaryResult(names=names, distances=distances, contributions=contribution_percent(distances),
+                         target=server.target, history=history, client_history=np.array(per_client),
+                         ledger=channel.ledger, datum_values=values)
+
+
+def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig,
+                        validation: LabelledData | None = None, seed: int = 0, channel: Channel | None = None,
+                        datum_values: bool = False, potential: Potential = "sinkhorn") -> FedBaryResult:
+    """Convenience: FedBary over labelled client datasets (each augmented client-side with its own class
+    statistics), with the server's ``validation`` set (augmented with the server's statistics) as Q, or
+    the federated barycenter when ``validation`` is None. Every party is seeded from ``seed``.
+
+    Raises :class:`DegenerateClientError` naming the first unusable client.
+    """
+    seeds = np.random.SeedSequence(seed).spawn(len(datasets) + 1)
+    clients = [BaryClient.from_data(d, config, np.random.default_rng(s)) for d, s in zip(datasets, seeds[:-1])]
+    target = None
+    if validation is not None:
+        try:
+            target = augmented_measure(validation, diagonal=config.diagonal)
+        except DegenerateClientError as exc:
+            raise DegenerateClientError(f"server validation set: {exc}") from exc
+    server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
+    return fedbary(clients, server, channel=channel, datum_values=datum_values, potential=potential)
