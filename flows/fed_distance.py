@@ -55,7 +55,7 @@ def fed_distance(params: dict) -> dict:
                       out / "degenerate_clients.csv")
         metrics["degenerate_clients"] = len(degenerate)
         io.write_json(metrics, out / "metrics.json")
-        run.log_metrics(_flat_metrics(metrics))
+        run.log_metrics(tracking.flat_metrics(metrics))
         run.log_artifact(out / "metrics.json")
     return metrics
 
@@ -184,13 +184,3 @@ def _clustering(p: Params, seed: int, run: tracking.TrackedRun, out: Path, degen
                   out / "clustering_ari.csv")
     run.log_table(pd.concat(ledgers, ignore_index=True), out / "communication.csv")
     return summary
-
-
-def _flat_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
-    flat: dict[str, float] = {}
-    for k, v in metrics.items():
-        if isinstance(v, dict):
-            flat.update(_flat_metrics(v, f"{prefix}{k}."))
-        elif isinstance(v, (int, float)):
-            flat[f"{prefix}{k}"] = float(v)
-    return flat

@@ -190,6 +190,116 @@ class FedDistanceParams(Strict):
     out_dir: str = "reports/fed_distance"
 
 
+# ------------------------------------------------------------------------------ barycenter_valuation
+class FedBaryParams(Strict):
+    """FedBary Algorithm 1 settings (SPEC §3; otfed.federation.fedbary.FedBaryConfig)."""
+
+    support_size: int = Field(50, ge=1, le=20000, description="S, atoms of every γ_i and of the barycenter.")
+    iterations: int = Field(10, ge=1, le=10000, description="K.")
+    t: Literal["random"] | float = Field("random", description="'random' (t ~ U(0,1) per step) or a fixed t in (0,1).")
+    p: Literal[1, 2] = 2
+    interpolation: Literal["approx", "exact"] = "approx"
+    solver: Literal["auto", "network_simplex", "semidual_newton"] = "auto"
+    init_scale: float = Field(1.0, gt=0.0)
+    barycenter_step: Literal["reweighted", "interpolants"] = "reweighted"
+    diagonal: bool = True
+    potential: Literal["sinkhorn", "exact"] = Field("sinkhorn", description="Dual potentials for datum values.")
+
+    @field_validator("t")
+    @classmethod
+    def _t(cls, v: Any) -> Any:
+        if isinstance(v, float) and not 0.0 < v < 1.0:
+            raise ValueError(f"must be 'random' or a number in (0, 1) (got {v})")
+        return v
+
+
+class FedAvgParams(Strict):
+    """FedAvg (softmax regression, or an MLP with ``hidden`` widths) used as a utility and for table 4."""
+
+    rounds: int = Field(10, ge=1, le=10000)
+    epochs: int = Field(5, ge=1, le=1000, description="Local epochs per round.")
+    lr: float = Field(0.1, gt=0.0, le=10.0)
+    batch_size: int | None = Field(None, ge=1, description="None = full batch.")
+    hidden: list[int] = Field([], description="Hidden widths; [] = multinomial logistic regression.")
+
+    @field_validator("hidden")
+    @classmethod
+    def _hidden(cls, v: list[int]) -> list[int]:
+        if any(h < 1 for h in v):
+            raise ValueError("hidden widths must be ≥ 1")
+        return v
+
+
+class OutlierParams(Strict):
+    """4 iid clients + 1 noisy client (fig. 4 histogram): feature noise planted on one client in-stage."""
+
+    federation: str = "case1"
+    client: int = Field(4, ge=0, description="Index of the client that gets the noise.")
+    fraction: float = Field(0.5, gt=0.0, le=1.0, description="Share of its samples that get feature noise.")
+    noise_std: float = Field(1.0, gt=0.0, description="N(0, std²) per pixel, before PCA.")
+
+
+class ContributionParams(Strict):
+    """Client contributions, cases 1–5: FedBary (with / without validation) vs FedAvg-utility games."""
+
+    federations: list[str] = Field(["case1", "case2", "case3", "case4", "case5"], min_length=1)
+    validation_samples: int = Field(300, ge=10, description="Server validation = the first rows of the test split.")
+    monte_carlo_permutations: int = Field(10, ge=1, le=100000)
+    fedavg: FedAvgParams = FedAvgParams()
+    outlier: OutlierParams = OutlierParams()
+
+
+class DetectionParams(Strict):
+    """Noisy-datum detection (fig. 5): corruptions planted in-stage on a clean federation."""
+
+    federation: str = "fmnist_clean"
+    kinds: list[Literal["label", "feature"]] = Field(["label", "feature"], min_length=1)
+    rates: list[float] = Field([0.05, 0.15, 0.30], min_length=1)
+    noise_std: float = Field(1.0, gt=0.0, description="Feature-noise std per pixel, before PCA.")
+    validation_samples: int = Field(300, ge=10, description="Server validation = first rows of the test split; "
+                                    "the rest is the removal-curve holdout.")
+    knn_k: int = Field(5, ge=1, description="K of KNN-Shapley and of leave-one-out's KNN utility.")
+    removal_step: float = Field(0.05, gt=0.0, lt=1.0)
+    removal_max_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v: list[float]) -> list[float]:
+        if any(not 0.0 < r < 1.0 for r in v):
+            raise ValueError("rates must lie in (0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _removal(self) -> "DetectionParams":
+        if self.removal_step > self.removal_max_fraction:
+            raise ValueError("removal_step must be ≤ removal_max_fraction")
+        return self
+
+
+class BarycenterValuationParams(Strict):
+    """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5)."""
+
+    out_dir: str = "reports/valuation"
+    pca_components: int = Field(32, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
+    fedbary: FedBaryParams = FedBaryParams()
+    contributions: ContributionParams = ContributionParams()
+    detection: DetectionParams = DetectionParams()
+
+
+class NoisyRemovalParams(Strict):
+    """Stage ``noisy_removal`` (table 4): clients drop what FedBary flags; FedAvg before vs after."""
+
+    out_dir: str = "reports/removal"
+    federations: list[str] = Field(["fmnist_label_noise", "fmnist_feature_noise"], min_length=1)
+    pca_components: int = Field(32, ge=0)
+    validation_samples: int = Field(500, ge=10, description="Server validation = first rows of the test split; "
+                                    "the rest is the test set.")
+    max_remove_fraction: float = Field(1.0, gt=0.0, le=1.0,
+                                       description="Cap on the share of a client's data it removes (top values).")
+    fedbary: FedBaryParams = FedBaryParams()
+    fedavg: FedAvgParams = FedAvgParams(rounds=20)
+
+
 # ----------------------------------------------------------------------------------------- top level
 class Params(Strict):
     """The whole params.yaml. Groups of later stages (text track, valuation) are added by their issues."""
@@ -197,10 +307,13 @@ class Params(Strict):
     run: RunParams = RunParams()
     partition: PartitionParams
     fed_distance: FedDistanceParams
+    barycenter_valuation: BarycenterValuationParams | None = None
+    noisy_removal: NoisyRemovalParams | None = None
 
     @model_validator(mode="after")
     def _references(self) -> "Params":
         known = self.partition.federations
+        self._valuation_references(known)
         ref = self.fed_distance.otdd.federation
         if ref not in known:
             raise ValueError(f"fed_distance.otdd.federation: unknown federation {ref!r}; defined: {sorted(known)}")
@@ -212,6 +325,40 @@ class Params(Strict):
                     f"fed_distance.clustering.federations: unknown federation {name!r}; defined: {sorted(known)}"
                 )
         return self
+
+    def _valuation_references(self, known: dict[str, Any]) -> None:
+        """Federations named by the valuation stages exist, have no held-out gap and enough test rows."""
+        refs: list[tuple[str, str, int | None]] = []
+        bv, nr = self.barycenter_valuation, self.noisy_removal
+        if bv is not None:
+            c = bv.contributions
+            refs += [(f"barycenter_valuation.contributions.federations[{i}]", n, c.validation_samples)
+                     for i, n in enumerate(c.federations)]
+            refs.append(("barycenter_valuation.contributions.outlier.federation", c.outlier.federation,
+                         c.validation_samples))
+            refs.append(("barycenter_valuation.detection.federation", bv.detection.federation,
+                         bv.detection.validation_samples))
+        if nr is not None:
+            refs += [(f"noisy_removal.federations[{i}]", n, nr.validation_samples)
+                     for i, n in enumerate(nr.federations)]
+        for path, name, n_val in refs:
+            if name not in known:
+                raise ValueError(f"{path}: unknown federation {name!r}; defined: {sorted(known)}")
+            spec = known[name]
+            if spec.scheme == "by_dataset":
+                raise ValueError(f"{path}: {name!r} has scheme 'by_dataset' (no server test split)")
+            if n_val is not None and n_val >= spec.test_samples:
+                raise ValueError(f"{path}: validation_samples ({n_val}) must be smaller than "
+                                 f"partition.federations.{name}.test_samples ({spec.test_samples})")
+        if bv is not None:
+            o = bv.contributions.outlier
+            spec = known[o.federation]
+            if o.client >= getattr(spec, "n_clients", 0):
+                raise ValueError(f"barycenter_valuation.contributions.outlier.client: {o.client} ≥ n_clients of "
+                                 f"{o.federation!r}")
+            if getattr(spec, "scheme", None) == "fedbary_case" and spec.case in (4, 5):
+                raise ValueError(f"barycenter_valuation.contributions.outlier.federation: {o.federation!r} is already "
+                                 f"noisy (case {spec.case}); use a clean federation")
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "literal['random']", "list[int]"}
@@ -284,7 +431,9 @@ def _allowed_at(loc: tuple[Any, ...]) -> list[str]:
         if field is None:
             continue  # a dict key chosen by the user (federation name)
         ann = field.annotation
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else model
+        # optional groups (``X | None``): look inside the union for the model
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), model)
     return _allowed_keys(model) if isinstance(model, type) and issubclass(model, BaseModel) else []
 
 

@@ -140,6 +140,17 @@ class TrackedRun:
             self.client.set_terminated(child.run_id, status)
 
 
+def flat_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Nested metrics dict → dotted numeric keys (``clustering.pairs_strong.affinity``); non-numbers dropped."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_metrics(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[f"{prefix}{key}"] = float(value)
+    return flat
+
+
 def _metric_key(key: str) -> str:
     """MLflow keys allow alphanumerics, _ - . / and space; replace anything else."""
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in key)

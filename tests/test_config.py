@@ -72,3 +72,62 @@ def test_paper_scale_params_are_valid() -> None:
     params = load_params(REPO / "params-paper.yaml")
     assert params.partition.federations["otdd_benchmarks"].samples_per_client == 5000
     assert max(params.fed_distance.toy.n_values) == 10000
+
+
+# --------------------------------------------------------------- barycenter_valuation / noisy_removal groups
+def test_committed_params_have_the_valuation_groups() -> None:
+    params = load_params(REPO / "params.yaml")
+    assert params.barycenter_valuation is not None and params.noisy_removal is not None
+    assert set(params.barycenter_valuation.contributions.federations) <= set(params.partition.federations)
+    assert params.barycenter_valuation.detection.rates == [0.05, 0.15, 0.30]
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["barycenter_valuation"]["fedbary"].update(colour=1),
+     "barycenter_valuation.fedbary.colour: unknown key; allowed keys here: barycenter_step, diagonal, init_scale, "
+     "interpolation, iterations, p, potential, solver, support_size, t"),
+    (lambda d: d["barycenter_valuation"].update(pca=3), "barycenter_valuation.pca: unknown key; allowed keys here: "
+     "contributions, detection, fedbary, out_dir, pca_components"),
+    (lambda d: d["noisy_removal"]["fedavg"].update(lr=0), "noisy_removal.fedavg.lr: Input should be greater than 0"),
+    (lambda d: d["noisy_removal"].update(max_remove_fraction=1.5),
+     "noisy_removal.max_remove_fraction: Input should be less than or equal to 1"),
+    (lambda d: d["barycenter_valuation"]["detection"].update(rates=[0.05, 1.2]),
+     "barycenter_valuation.detection.rates: rates must lie in (0, 1)"),
+    (lambda d: d["barycenter_valuation"]["detection"].update(kinds=["label", "pixel"]),
+     "barycenter_valuation.detection.kinds[1]: Input should be 'label' or 'feature'"),
+    (lambda d: d["barycenter_valuation"]["fedbary"].update(t=0.0), "barycenter_valuation.fedbary.t: must be 'random'"),
+    (lambda d: d["barycenter_valuation"]["fedbary"].update(potential="greedy"),
+     "barycenter_valuation.fedbary.potential: Input should be 'sinkhorn' or 'exact'"),
+    (lambda d: d["barycenter_valuation"]["contributions"].update(federations=["case1", "case9"]),
+     "barycenter_valuation.contributions.federations[1]: unknown federation 'case9'"),
+    (lambda d: d["barycenter_valuation"]["contributions"].update(federations=["otdd_benchmarks"]),
+     "barycenter_valuation.contributions.federations[0]: 'otdd_benchmarks' has scheme 'by_dataset'"),
+    (lambda d: d["noisy_removal"].update(validation_samples=1000),
+     "noisy_removal.federations[0]: validation_samples (1000) must be smaller than"),
+    (lambda d: d["barycenter_valuation"]["contributions"]["outlier"].update(federation="case4"),
+     "outlier.federation: 'case4' is already noisy"),
+    (lambda d: d["barycenter_valuation"]["contributions"]["outlier"].update(client=5),
+     "barycenter_valuation.contributions.outlier.client: 5 ≥ n_clients"),
+    (lambda d: d["barycenter_valuation"]["detection"].update(removal_step=0.6),
+     "barycenter_valuation.detection: removal_step must be ≤ removal_max_fraction"),
+])
+def test_invalid_valuation_params_name_the_key(raw: dict, mutate, expected: str) -> None:
+    bad = copy.deepcopy(raw)
+    mutate(bad)
+    with pytest.raises(ConfigError) as info:
+        validate_params(bad)
+    assert expected in str(info.value)
+
+
+def test_valuation_groups_are_optional_and_default_sensibly(raw: dict) -> None:
+    bare = {k: v for k, v in copy.deepcopy(raw).items() if k not in {"barycenter_valuation", "noisy_removal"}}
+    assert validate_params(bare).barycenter_valuation is None  # stages of other issues validate without them
+    minimal = copy.deepcopy(bare) | {"barycenter_valuation": {}, "noisy_removal": {}}
+    p = validate_params(minimal)
+    assert p.barycenter_valuation.fedbary.support_size == 50 and p.noisy_removal.fedavg.rounds == 20
+
+
+def test_paper_scale_valuation_groups_are_valid() -> None:
+    params = load_params(REPO / "params-paper.yaml")
+    assert params.barycenter_valuation.fedbary.support_size == 500
+    assert params.noisy_removal.federations == ["fmnist_label_noise", "fmnist_feature_noise"]

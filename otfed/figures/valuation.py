@@ -1,0 +1,127 @@
+"""Figures of stages ``barycenter_valuation`` and ``noisy_removal`` (matplotlib, Agg backend): each returns
+a Figure for tracking.log_figure."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+METHOD_COLORS = {"fedbary_validation": "tab:blue", "fedbary_barycenter": "tab:cyan", "exact_shapley": "black",
+                 "leave_one_out": "tab:orange", "monte_carlo_shapley": "tab:gray", "fedbary": "tab:blue",
+                 "lava": "tab:green", "knn_shapley": "tab:purple", "random": "tab:red"}
+
+
+YLIM = (-50.0, 100.0)
+
+
+def contributions_figure(rows: pd.DataFrame) -> plt.Figure:
+    """FedBary fig. 4: contribution (%) per client, one group of bars per client and one bar per method,
+    one panel per federation (case). The axis is clipped to [−50, 100] %; values outside are printed."""
+    feds = list(dict.fromkeys(rows.federation))
+    methods = list(dict.fromkeys(rows.method))
+    fig, axes = plt.subplots(1, len(feds), figsize=(4.2 * len(feds), 3.6), squeeze=False, sharey=True)
+    width = 0.8 / len(methods)
+    for ax, fed in zip(axes[0], feds):
+        sub = rows[rows.federation == fed]
+        clients = list(dict.fromkeys(sub.client))
+        for j, method in enumerate(methods):
+            vals = sub[sub.method == method].set_index("client").percent.reindex(clients).to_numpy()
+            ax.bar(np.arange(len(clients)) + (j - (len(methods) - 1) / 2) * width, vals, width,
+                   label=method, color=METHOD_COLORS.get(method))
+        ax.axhline(100 / len(clients), color="k", lw=0.6, ls=":")
+        ax.set_xticks(range(len(clients)), [c.replace("client_", "c") for c in clients])
+        ax.set_title(fed)
+        ax.set_ylim(*YLIM)
+        for j, method in enumerate(methods):  # leave-one-out shares explode when Σ v ≈ 0: clip and label
+            vals = sub[sub.method == method].set_index("client").percent.reindex(clients).to_numpy()
+            for k, v in enumerate(vals):
+                if np.isfinite(v) and not YLIM[0] <= v <= YLIM[1]:
+                    ax.text(k + (j - (len(methods) - 1) / 2) * width, YLIM[1] if v > 0 else YLIM[0], f"{v:.0f}",
+                            fontsize=6, ha="center", va="top" if v > 0 else "bottom", rotation=90)
+    axes[0][0].set_ylabel("contribution (%)")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def outlier_figure(rows: pd.DataFrame) -> plt.Figure:
+    """FedBary fig. 4 (histogram): each client's distance to the federated barycenter (and to the
+    validation set), the noisy client in red."""
+    targets = list(dict.fromkeys(rows.target))
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.5 * len(targets), 3.4), squeeze=False)
+    for ax, target in zip(axes[0], targets):
+        sub = rows[rows.target == target]
+        ax.bar(sub.client.str.replace("client_", "c"), sub.distance,
+               color=["tab:red" if n else "tab:blue" for n in sub.noisy])
+        ax.set_title(f"W(P_i, {'barycenter' if target == 'barycenter' else 'validation'})")
+        ax.set_ylabel("FedBary distance")
+        lo = float(sub.distance.min())
+        ax.set_ylim(lo * 0.9, float(sub.distance.max()) * 1.05)
+    fig.tight_layout()
+    return fig
+
+
+def detection_figure(scores: pd.DataFrame) -> plt.Figure:
+    """FedBary fig. 5 (a, c): F1 and recall of the flags per method, per noise kind and rate."""
+    kinds = list(dict.fromkeys(scores.kind))
+    methods = list(dict.fromkeys(scores.method))
+    fig, axes = plt.subplots(2, len(kinds), figsize=(5 * len(kinds), 6), squeeze=False)
+    width = 0.8 / len(methods)
+    for c, kind in enumerate(kinds):
+        sub = scores[scores.kind == kind]
+        rates = sorted(sub.rate.unique())
+        for r, metric in enumerate(("f1", "recall")):
+            ax = axes[r][c]
+            for j, method in enumerate(methods):
+                vals = sub[sub.method == method].set_index("rate")[metric].reindex(rates).to_numpy()
+                ax.bar(np.arange(len(rates)) + (j - (len(methods) - 1) / 2) * width, vals, width, label=method,
+                       color=METHOD_COLORS.get(method))
+            ax.set_xticks(range(len(rates)), [f"{100 * x:g}%" for x in rates])
+            ax.set_ylim(0, 1.05)
+            ax.set_title(f"{kind} noise: {metric}")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def removal_curves_figure(curves: pd.DataFrame) -> plt.Figure:
+    """FedBary fig. 5 (b, d): holdout accuracy of a logistic regression refitted after removing the most
+    suspicious data first, one panel per (noise kind, rate)."""
+    cells = curves[["kind", "rate"]].drop_duplicates().itertuples(index=False)
+    cells = list(cells)
+    kinds = list(dict.fromkeys(c.kind for c in cells))
+    rates = sorted({c.rate for c in cells})
+    fig, axes = plt.subplots(len(kinds), len(rates), figsize=(3.8 * len(rates), 3.2 * len(kinds)), squeeze=False)
+    for i, kind in enumerate(kinds):
+        for j, rate in enumerate(rates):
+            ax = axes[i][j]
+            sub = curves[(curves.kind == kind) & (curves.rate == rate)]
+            for method, line in sub.groupby("method", sort=False):
+                ax.plot(100 * line.fraction, line.accuracy, marker=".", label=method, color=METHOD_COLORS.get(method))
+            ax.axvline(100 * rate, color="k", lw=0.6, ls=":")
+            ax.set_title(f"{kind} noise {100 * rate:g}%")
+            ax.set_xlabel("data removed (%)")
+            ax.set_ylabel("holdout accuracy")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def removal_figure(table: pd.DataFrame) -> plt.Figure:
+    """FedBary table 4 as bars: FedAvg test accuracy before / after removal (and oracle, random removal)."""
+    cols = [("accuracy_before", "before"), ("accuracy_after", "after FedBary removal"),
+            ("accuracy_oracle_removal", "noisy removed (oracle)"), ("accuracy_random_removal", "random removal")]
+    fig, ax = plt.subplots(figsize=(2.2 + 2.2 * len(table), 3.4))
+    width = 0.8 / len(cols)
+    for j, (col, label) in enumerate(cols):
+        ax.bar(np.arange(len(table)) + (j - (len(cols) - 1) / 2) * width, table[col], width, label=label)
+    ax.set_xticks(range(len(table)), table.federation)
+    ax.set_ylabel("FedAvg test accuracy")
+    lo = float(table[[c for c, _ in cols]].to_numpy().min())
+    ax.set_ylim(max(0.0, lo - 0.1), 1.0)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

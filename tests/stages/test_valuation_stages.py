@@ -1,0 +1,186 @@
+"""Stages ``barycenter_valuation`` and ``noisy_removal`` on tiny params, checked against independent truths:
+contributions sum to 100 %, exact Shapley is efficient (Σ φ = u(N) − u(∅), recomputed here), a client
+whose every sample carries heavy feature noise is the farthest from the barycenter, feature-noise recall
+is high, removal never drops more than was flagged, and every table / figure reaches MLflow."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows.barycenter_valuation import barycenter_valuation, corrupted_federation
+from flows.noisy_removal import noisy_removal
+from flows.partition import partition
+from otfed.config import validate_params
+from otfed.data.store import load_federation
+from otfed.errors import ConfigError
+from otfed.valuation import LeaveOneOut, ValuationData, knn_utility
+from otfed.experiments import valuation as exp
+from tests.stages.conftest import tiny_params
+
+FEDBARY = {"support_size": 10, "iterations": 3}
+FEDAVG = {"rounds": 3, "epochs": 2, "lr": 0.1}
+
+
+def valuation_params(root: Path) -> dict:
+    params = tiny_params(root)
+    params["partition"]["federations"].update({
+        "c1": {"scheme": "fedbary_case", "case": 1, "dataset": "cifar10", "n_clients": 5, "samples_per_client": 50,
+               "val_fraction": 0.0, "test_samples": 150},
+        "c5": {"scheme": "fedbary_case", "case": 5, "dataset": "cifar10", "n_clients": 5, "samples_per_client": 50,
+               "val_fraction": 0.0, "test_samples": 150},
+        "fclean": {"scheme": "iid", "dataset": "fashionmnist", "n_clients": 5, "samples": 300, "val_fraction": 0.0,
+                   "test_samples": 200},
+        "fnoisy": {"scheme": "fedbary_case", "case": 5, "dataset": "fashionmnist", "n_clients": 5,
+                   "samples_per_client": 60, "val_fraction": 0.0, "test_samples": 200},
+    })
+    params["barycenter_valuation"] = {
+        "out_dir": str(root / "reports" / "valuation"), "pca_components": 8, "fedbary": FEDBARY,
+        "contributions": {"federations": ["c1", "c5"], "validation_samples": 60, "monte_carlo_permutations": 3,
+                          "fedavg": FEDAVG,
+                          "outlier": {"federation": "c1", "client": 4, "fraction": 1.0, "noise_std": 5.0}},
+        "detection": {"federation": "fclean", "kinds": ["label", "feature"], "rates": [0.3], "validation_samples": 100,
+                      "noise_std": 3.0,
+                      "removal_step": 0.1, "removal_max_fraction": 0.3},
+    }
+    params["noisy_removal"] = {
+        "out_dir": str(root / "reports" / "removal"), "federations": ["fnoisy"], "pca_components": 8,
+        "validation_samples": 100, "max_remove_fraction": 0.4, "fedbary": FEDBARY, "fedavg": {"rounds": 5},
+    }
+    return params
+
+
+@pytest.fixture
+def vparams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> dict:
+    monkeypatch.chdir(tmp_path)
+    params = valuation_params(tmp_path)
+    partition(params)
+    return params
+
+
+def _logged(uri: str, stage: str) -> set[str]:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("otfed").experiment_id], f"tags.stage = '{stage}'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    run_id = runs[0].info.run_id
+    folders = {a.path for a in client.list_artifacts(run_id) if a.is_dir}
+    return {a.path.split("/")[-1] for d in folders for a in client.list_artifacts(run_id, d)}
+
+
+def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
+    metrics = barycenter_valuation(vparams)
+    out = Path(vparams["barycenter_valuation"]["out_dir"])
+    expected = {"contributions.csv", "contributions.md", "contributions_wide.csv", "contributions.png",
+                "method_agreement.csv", "outlier_distances.csv", "outlier_histogram.png", "detection.csv",
+                "detection.png", "removal_curves.csv", "removal_curves.png", "metrics.json"}
+    assert expected <= {p.name for p in out.iterdir()}
+    assert {"contributions.png", "detection.csv", "removal_curves.png", "metrics.json"} <= _logged(
+        mlflow_uri, "barycenter_valuation")
+
+    contrib = pd.read_csv(out / "contributions.csv")
+    assert set(contrib.method) == set(exp.CONTRIBUTION_METHODS) and set(contrib.federation) == {"c1", "c5"}
+    shares = contrib[contrib.method != "leave_one_out"]  # LOO values can sum to ≈ 0: shares undefined (NaN)
+    assert np.allclose(shares.groupby(["federation", "method"]).percent.sum(), 100.0)
+    case1 = contrib[(contrib.federation == "c1") & contrib.method.str.startswith("fedbary")]
+    assert case1.percent.between(15, 25).all()  # same distribution, same size → ≈ 20 % each
+    # exact Shapley is efficient: Σ φ_i = u(all) − u(∅), recomputed here with the same FedAvg utility
+    fed = exp.project_federation(load_federation("c5", vparams["partition"]["out_dir"]), 8, 0)
+    validation, _ = exp.server_split(fed, 60)
+    clients = exp.client_sets(fed)
+    full = exp.fedavg_accuracy([(c.x, c.y) for c in clients], (validation.x, validation.y), 10,
+                               {**FEDAVG, "hidden": []}, 0)
+    empty = exp.fedavg_accuracy([], (validation.x, validation.y), 10, {**FEDAVG, "hidden": []}, 0)
+    phi = contrib[(contrib.federation == "c5") & (contrib.method == "exact_shapley")].value
+    assert phi.sum() == pytest.approx(full - empty, abs=1e-9)
+    agreement = pd.read_csv(out / "method_agreement.csv")
+    exact_rows = agreement[(agreement.method == "exact_shapley") & (agreement.federation == "c5")]
+    assert exact_rows.spearman_vs_exact_shapley.iloc[0] == pytest.approx(1.0)
+
+    outlier = pd.read_csv(out / "outlier_distances.csv")
+    bary = outlier[outlier.target == "barycenter"]
+    assert bary.loc[bary.distance.idxmax(), "client"] == "client_04"  # every sample of client 4 has heavy noise
+    assert metrics["outlier"]["barycenter_noisy_is_farthest"] is True
+
+    detection = pd.read_csv(out / "detection.csv")
+    assert set(detection.method) == set(exp.DETECTION_METHODS)
+    assert (detection.noisy == 5 * round(0.3 * 60)).all()  # every client corrupted at 30 %
+    assert (detection.true_positives <= np.minimum(detection.flagged, detection.noisy)).all()
+    random_ = detection[detection.method == "random"]
+    assert (random_.flagged == random_.noisy).all()
+    feature = detection[(detection.kind == "feature") & (detection.method == "fedbary")].iloc[0]
+    assert feature.recall >= 0.8  # N(0, 3²) pixel noise: far from the clean images
+    curves = pd.read_csv(out / "removal_curves.csv")
+    first = curves[curves.fraction == 0].groupby(["kind", "rate"]).accuracy.nunique()
+    assert (first == 1).all()  # nothing removed yet: every method refits the same model
+    written = json.loads((out / "metrics.json").read_text())
+    assert written["detection"]["feature_30pct"]["fedbary"]["recall"] == pytest.approx(feature.recall, abs=1e-4)
+
+
+def test_corruption_is_seeded_and_counted(vparams: dict) -> None:
+    fed = load_federation("fclean", vparams["partition"]["out_dir"])
+    a = corrupted_federation(fed, "label", 0.3, 1.0, seed=0)
+    b = corrupted_federation(fed, "label", 0.3, 1.0, seed=0)
+    assert np.array_equal(a.y, b.y) and np.array_equal(a.corrupted, b.corrupted)
+    assert np.array_equal(a.corrupted, a.y != fed.y)  # flips always change the label, nothing else changes
+    assert np.array_equal(a.x, fed.x)
+    for k in range(fed.n_clients):
+        assert a.corrupted[fed.rows(k)].sum() == round(0.3 * len(fed.rows(k)))
+    f = corrupted_federation(fed, "feature", 0.3, 3.0, seed=0)
+    assert np.array_equal(f.y, fed.y)
+    assert np.array_equal(np.any(f.x != fed.x, axis=1), f.corrupted)
+
+
+def test_noisy_removal_stage(vparams: dict, mlflow_uri: str) -> None:
+    metrics = noisy_removal(vparams)
+    out = Path(vparams["noisy_removal"]["out_dir"])
+    assert {"removal.csv", "removal.md", "removal_clients.csv", "removal.png", "metrics.json"} <= {
+        p.name for p in out.iterdir()}
+    assert {"removal.csv", "removal.png"} <= _logged(mlflow_uri, "noisy_removal")
+    table = pd.read_csv(out / "removal.csv").iloc[0]
+    clients = pd.read_csv(out / "removal_clients.csv")
+    truth = load_federation("fnoisy", vparams["partition"]["out_dir"])
+    assert table.noisy == int(truth.corrupted.sum()) == clients.noisy.sum()
+    assert (clients.removed <= clients.flagged).all()
+    assert (clients.removed <= np.floor(0.4 * clients.n)).all()  # max_remove_fraction
+    assert (clients.removed_noisy <= np.minimum(clients.removed, clients.noisy)).all()
+    assert (clients.noisy_in_top_noisy <= clients.noisy).all()
+    assert table.removed == clients.removed.sum() and table.removed_noisy == clients.removed_noisy.sum()
+    assert 0.0 <= table.accuracy_before <= 1.0 and 0.0 <= table.accuracy_after <= 1.0
+    assert metrics["fnoisy"]["removed"] == table.removed
+
+
+def test_valuation_groups_are_checked(tmp_path: Path) -> None:
+    params = valuation_params(tmp_path)
+    validate_params(params)
+    bad = copy.deepcopy(params)
+    bad["noisy_removal"]["federations"] = ["nope"]
+    with pytest.raises(ConfigError, match=r"noisy_removal.federations\[0\]: unknown federation 'nope'"):
+        validate_params(bad)
+    bad = copy.deepcopy(params)
+    bad["barycenter_valuation"]["detection"]["validation_samples"] = 500
+    with pytest.raises(ConfigError, match="barycenter_valuation.detection.federation: validation_samples"):
+        validate_params(bad)
+    del params["noisy_removal"]
+    with pytest.raises(ConfigError, match="noisy_removal: required key is missing"):
+        noisy_removal(params)
+
+
+def test_fast_knn_leave_one_out_matches_the_definition() -> None:
+    rng = np.random.default_rng(0)
+    x = np.round(rng.normal(size=(40, 3)), 1)  # rounding makes distance ties
+    y = rng.integers(0, 3, 40)
+    data = ValuationData(x, y, np.round(rng.normal(size=(25, 3)), 1), rng.integers(0, 3, 25))
+    for k in (1, 3, 5):
+        assert np.allclose(exp.knn_leave_one_out(data, k), LeaveOneOut(knn_utility(k)).fit(data), atol=1e-12)
+    tiny = ValuationData(x[:3], y[:3], data.x_val, data.y_val)  # fewer than K + 1 points
+    assert np.allclose(exp.knn_leave_one_out(tiny, 5), LeaveOneOut(knn_utility(5)).fit(tiny), atol=1e-12)
+
+
+def test_percent_of_total_is_undefined_for_a_zero_sum() -> None:
+    assert np.allclose(exp.percent_of_total(np.array([1.0, 3.0])), [25.0, 75.0])
+    assert np.isnan(exp.percent_of_total(np.array([0.2, -0.2 + 1e-18]))).all()
