@@ -34,3 +34,75 @@ def order_preservation(d_reference: np.ndarray, d_estimate: np.ndarray) -> float
     if not keep.any():
         return float("nan")
     return float(np.mean(sref[keep] == sest[keep]))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Text track (KNOT, SPEC §1): Semantic Distance, macro-F1, accuracy
+
+
+def _as_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _predicted_labels(predictions) -> np.ndarray:
+    predictions = _as_numpy(predictions)
+    return predictions.argmax(axis=1) if predictions.ndim == 2 else predictions.astype(int)
+
+
+def expected_label_coordinates(probs, label_space) -> np.ndarray:
+    """e = Σ_l p_l · coord(l) for every sample (KNOT §1, "Semantic Distance (SD)"): N×D.
+
+    ``probs`` is N×C (numpy or torch); ``label_space`` an :class:`otfed.distill.LabelSpace` or a C×D
+    array of label coordinates.
+    """
+    probs = _as_numpy(probs).astype(float)
+    coords = _as_numpy(getattr(label_space, "coordinates", label_space)).astype(float)
+    if probs.ndim != 2 or coords.ndim != 2 or probs.shape[1] != coords.shape[0]:
+        raise ValueError(f"probabilities N×C and coordinates C×D do not match: {probs.shape} and {coords.shape}")
+    return probs @ coords
+
+
+def semantic_errors(probs, labels, label_space) -> np.ndarray:
+    """Per-sample Semantic Distance error ||e − coord(y)||₂, e the expected coordinate (KNOT §1): N."""
+    coords = _as_numpy(getattr(label_space, "coordinates", label_space)).astype(float)
+    labels = _as_numpy(labels).astype(int)
+    expected = expected_label_coordinates(probs, coords)
+    if labels.shape != (expected.shape[0],):
+        raise ValueError(f"need one label per sample: {labels.shape} labels for {expected.shape[0]} samples")
+    if labels.size and (labels.min() < 0 or labels.max() >= coords.shape[0]):
+        raise ValueError(f"labels must lie in 0..{coords.shape[0] - 1}")
+    return np.linalg.norm(expected - coords[labels], axis=1)
+
+
+def semantic_distance(probs, labels, label_space) -> float:
+    """Semantic Distance (KNOT §1; SPEC §1): the mean over the labels present in ``labels`` of the mean error
+    ||Σ_l p_l coord(l) − coord(y)||₂ of that label's samples (label-wise mean, for class imbalance).
+
+    Lower is better; 0 when every prediction puts all its mass on the true label. ``probs`` N×C,
+    ``labels`` N integer labels (column indices), ``label_space`` a LabelSpace or C×D coordinates.
+    """
+    errors = semantic_errors(probs, labels, label_space)
+    labels = _as_numpy(labels).astype(int)
+    if errors.size == 0:
+        raise ValueError("Semantic Distance of an empty set")
+    return float(np.mean([errors[labels == label].mean() for label in np.unique(labels)]))
+
+
+def macro_f1(labels, predictions, n_labels: int | None = None) -> float:
+    """Macro-averaged F1 (the papers' SA and ERC score). ``predictions`` are label indices or N×C scores
+    (argmax taken). Averages over 0..n_labels−1 when given, else over the labels seen in either input;
+    a label never predicted nor present scores 0 (sklearn ``zero_division=0``)."""
+    from sklearn.metrics import f1_score
+
+    kwargs = {} if n_labels is None else {"labels": list(range(n_labels))}
+    return float(f1_score(_as_numpy(labels).astype(int), _predicted_labels(predictions), average="macro",
+                          zero_division=0, **kwargs))
+
+
+def accuracy(labels, predictions) -> float:
+    """Fraction of correct predictions (the papers' NLI score); ``predictions`` as in :func:`macro_f1`."""
+    from sklearn.metrics import accuracy_score
+
+    return float(accuracy_score(_as_numpy(labels).astype(int), _predicted_labels(predictions)))

@@ -1,0 +1,44 @@
+"""KNOT — federated distillation with confident Sinkhorns (SPEC §1; papers 000 and 001).
+
+K local teachers h_k, trained on private client data, label an unlabelled transfer set; the server
+fits a global student h_θ to their predictions with eq. 3, Σ_k W_k(h_k(x)) · T_ε(h_θ(x), h_k(x)), where
+T_ε is the entropic OT cost between label histograms under a semantic ground cost (or KL for the
+"Entropy" baseline) and W_k a per-sample teacher weight.
+
+Public names (implementation modules in parentheses):
+
+- ``LabelSpace`` — a task's label coordinates (SA, ERC, NLI, one-hot ablation) and
+  ``cost_matrix()``                                                                   (label_space)
+- ``entropic_histogram_transport(p, q, cost, eps, ...)`` — batched entropic OT between label
+  histograms: plan, potentials, values, convergence (``HistogramTransport``)          (sinkhorn)
+- ``sinkhorn_histogram_loss(p, q, cost, eps, ...)`` — T_ε for every sample × teacher   (sinkhorn)
+- ``weights_A``, ``weights_D``, ``weights_U``, ``weights_E``, ``teacher_weights`` — W_k (weights)
+- ``random_texts``, ``probability_bias`` — a teacher's probability bias B_k           (bias)
+- ``ensemble_loss``, ``kl_histogram_loss``, ``teacher_stack`` — eq. 3, the KL baseline and
+  the teacher stack with the frozen global model last (learning without forgetting)    (losses)
+
+Semantic Distance, macro-F1 and accuracy live in :mod:`otfed.metrics`.
+"""
+
+from otfed.distill.bias import random_texts, probability_bias
+from otfed.distill.label_space import LabelSpace
+from otfed.distill.losses import ensemble_loss, kl_histogram_loss, teacher_stack
+from otfed.distill.sinkhorn import HistogramTransport, entropic_histogram_transport, sinkhorn_histogram_loss
+from otfed.distill.weights import teacher_weights, weights_A, weights_D, weights_E, weights_U
+
+__all__ = [
+    "LabelSpace",
+    "HistogramTransport",
+    "entropic_histogram_transport",
+    "sinkhorn_histogram_loss",
+    "weights_A",
+    "weights_D",
+    "weights_U",
+    "weights_E",
+    "teacher_weights",
+    "random_texts",
+    "probability_bias",
+    "ensemble_loss",
+    "kl_histogram_loss",
+    "teacher_stack",
+]

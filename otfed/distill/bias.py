@@ -1,0 +1,91 @@
+"""A teacher's probability bias B — what it predicts on random text (KNOT §5.2, appendix D.1).
+
+The papers define b_l = E_{x∼N}[h(x) = l]: the probability that the model's *argmax* prediction is
+label l when the input x is noise. The noise is random text: 200 tokens drawn uniformly, with
+replacement, from the tokenizer's whole vocabulary (30,522 entries for bert-base-uncased, special and
+"##" word-piece entries included) and joined by spaces; the papers use 100,000 such texts. The estimate
+is the plain frequency of each argmax label (no smoothing, so B sums to 1). The bias is the reference
+point of the L2-confidence weight E (:func:`otfed.distill.weights.weights_E`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+#: The papers' setting (appendix D.1).
+PAPER_N_TEXTS = 100_000
+PAPER_TEXT_LENGTH = 200
+
+_CHUNK = 1024  # texts generated per draw (bounds the index array at CHUNK × length)
+
+
+def random_texts(
+    vocab: Sequence[str], n_texts: int, length: int, rng: np.random.Generator | int | None = None
+) -> list[str]:
+    """``n_texts`` noise texts of ``length`` tokens drawn uniformly with replacement from ``vocab``,
+    joined by single spaces (KNOT appendix D.1; the papers use 100,000 texts of 200 tokens).
+
+    ``rng`` is a numpy Generator or a seed; the same seed gives the same texts.
+    """
+    tokens = np.asarray(list(vocab), dtype=object)
+    if tokens.size == 0:
+        raise ValueError("vocab is empty")
+    if n_texts < 0 or length < 1:
+        raise ValueError(f"need n_texts ≥ 0 and length ≥ 1, got n_texts={n_texts}, length={length}")
+    rng = np.random.default_rng(rng)
+    texts: list[str] = []
+    for start in range(0, n_texts, _CHUNK):
+        draws = rng.integers(0, tokens.size, size=(min(_CHUNK, n_texts - start), length))
+        texts.extend(" ".join(row) for row in tokens[draws])
+    return texts
+
+
+def _predicted_labels(scores) -> tuple[np.ndarray, int]:
+    """(argmax label per row, number of labels) of a batch of scores."""
+    if torch.is_tensor(scores):
+        scores = scores.detach().cpu().numpy()
+    scores = np.asarray(scores)
+    if scores.ndim != 2:
+        raise ValueError(f"predict_proba must return a (batch × labels) array, got shape {scores.shape}")
+    return scores.argmax(axis=1), scores.shape[1]
+
+
+def probability_bias(
+    predict_proba: Callable[[list[str]], "np.ndarray | torch.Tensor"],
+    texts: Iterable[str],
+    batch_size: int = 128,
+    *,
+    n_labels: int | None = None,
+    progress: bool = True,
+    description: str = "probability bias",
+) -> torch.Tensor:
+    """B = (b_1, …, b_C), b_l = fraction of ``texts`` whose argmax prediction is l (KNOT §5.2, Def. 5.1).
+
+    ``predict_proba`` maps a list of at most ``batch_size`` texts to a (batch × C) array or tensor of
+    probabilities (logits work too: only the argmax is used). ``n_labels`` fixes C (default: the width
+    of the first batch's output). Returns a float64 tensor of length C that sums to 1 — plain
+    frequencies, without the +1 smoothing of the authors' code. Shows a tqdm progress bar per batch
+    unless ``progress=False``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("no texts to estimate the probability bias from")
+    counts: np.ndarray | None = None if n_labels is None else np.zeros(n_labels, dtype=np.int64)
+    n_batches = (len(texts) + batch_size - 1) // batch_size
+    for start in tqdm(range(0, len(texts), batch_size), total=n_batches, desc=description, unit="batch",
+                      disable=not progress):
+        batch = texts[start:start + batch_size]
+        labels, width = _predicted_labels(predict_proba(batch))
+        if len(labels) != len(batch):
+            raise ValueError(f"predict_proba returned {len(labels)} predictions for {len(batch)} texts")
+        if counts is None:
+            counts = np.zeros(width, dtype=np.int64)
+        if width != counts.size:
+            raise ValueError(f"predict_proba returned {width} label scores, expected {counts.size}")
+        counts += np.bincount(labels, minlength=counts.size)
+    return torch.as_tensor(counts / counts.sum(), dtype=torch.float64)

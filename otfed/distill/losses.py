@@ -1,0 +1,127 @@
+"""KNOT's ensemble distillation loss (eq. 3) with the Sinkhorn discrepancy or the KL ("Entropy") baseline.
+
+For a transfer batch x_1..x_B, student predictions h_θ(x_b) (B×C) and K teachers' predictions h_k(x_b)
+(B×K×C), eq. 3 averaged over the batch (eq. 2's empirical risk) is
+
+    L = (1/B) Σ_b Σ_k W̄_bk · T(h_θ(x_b), h_k(x_b)),   W̄_bk = W_bk / Σ_j W_bj,
+
+with T the entropic OT cost on the label support (:func:`otfed.distill.sinkhorn.sinkhorn_histogram_loss`)
+or KL(h_k(x) || h_θ(x)) for the papers' "Entropy" baseline.
+
+**Normalised weights.** Eq. 3 writes Σ_k W_k T_k, but the papers' appendix E gives its gradient as
+Σ_k W_k f^k / Σ_k W_k and their risk bound (appendix F, eq. 15 of the ICLR draft) is stated for the
+normalised scores w̄_k = w_k / Σ_j w_j; so the weights are normalised per sample by default. This also
+makes the weightings comparable: D's shares, U's and E's distances and A's ones all give a convex
+combination of the teachers' discrepancies. ``normalize=False`` reproduces the authors' code, which
+leaves Σ_k W_k T_k unnormalised (reference-notes §3.4). A sample whose weights are all 0 (every
+teacher predicts exactly its bias under E) contributes 0.
+
+**Learning without forgetting** (SPEC §1): the frozen pretrained global model is one more teacher,
+stacked last by :func:`teacher_stack` and weighted like the others.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from otfed.distill.label_space import LabelSpace
+from otfed.distill.sinkhorn import sinkhorn_histogram_loss
+
+KINDS = ("sinkhorn", "kl")
+REDUCTIONS = ("mean", "none")
+
+
+def teacher_stack(local_probs: Sequence[torch.Tensor], global_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """B×K×C teacher predictions: the local teachers' B×C predictions in order, then — for learning
+    without forgetting (SPEC §1) — the frozen pretrained global model's predictions as the last teacher.
+    """
+    members = list(local_probs) + ([] if global_probs is None else [global_probs])
+    if not members:
+        raise ValueError("no teacher predictions to stack")
+    shapes = {tuple(m.shape) for m in members}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"every teacher's predictions must be B×C with the same shape, got {sorted(shapes)}")
+    return torch.stack(members, dim=1)
+
+
+def kl_histogram_loss(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """KL(h_k(x) || h_θ(x)) = Σ_l q_l log(q_l / p_l) for every sample and teacher — the papers'
+    "Entropy" discrepancy (KNOT §5): B×K for q B×K×C (B for q B×C); differentiable w.r.t. p.
+
+    Terms with q_l = 0 are 0; p is floored at the dtype's smallest normal number, so a student
+    probability that underflowed to 0 gives a large finite loss instead of inf/NaN.
+    """
+    if p.ndim != 2 or q.ndim not in (2, 3) or q.shape[0] != p.shape[0] or q.shape[-1] != p.shape[-1]:
+        raise ValueError(f"need p B×C and q B×K×C or B×C, got {tuple(p.shape)} and {tuple(q.shape)}")
+    p_b = p[:, None, :] if q.ndim == 3 else p
+    floor = torch.finfo(p.dtype).tiny
+    return (torch.xlogy(q, q) - torch.xlogy(q, p_b.clamp_min(floor))).sum(-1)
+
+
+def _checked_weights(
+    weights: torch.Tensor | Sequence[float] | None, B: int, K: int, like: torch.Tensor
+) -> torch.Tensor:
+    if weights is None:
+        return torch.ones(B, K, dtype=like.dtype, device=like.device)
+    w = torch.as_tensor(weights).detach().to(dtype=like.dtype, device=like.device)
+    if w.shape == (K,):
+        w = w.expand(B, K)
+    if w.shape != (B, K):
+        raise ValueError(f"weights must be K = {K} or B×K = {(B, K)}, got {tuple(w.shape)}")
+    if not torch.isfinite(w).all() or (w < 0).any():
+        raise ValueError("teacher weights must be finite and non-negative")
+    return w
+
+
+def ensemble_loss(
+    student_probs: torch.Tensor,
+    teacher_probs: torch.Tensor,
+    weights: torch.Tensor | Sequence[float] | None = None,
+    kind: str = "sinkhorn",
+    cost: torch.Tensor | LabelSpace | None = None,
+    eps: float | None = None,
+    *,
+    normalize: bool = True,
+    reduction: str = "mean",
+    **sinkhorn_options: Any,
+) -> torch.Tensor:
+    """KNOT eq. 3 averaged over the batch: mean_b Σ_k W̄_bk T(h_θ(x_b), h_k(x_b)) (see module docstring).
+
+    - ``student_probs``: B×C student probabilities h_θ(x) (the loss is differentiable w.r.t. them);
+    - ``teacher_probs``: B×K×C (or B×C for one teacher) teacher probabilities h_k(x);
+    - ``weights``: B×K per-sample or K per-teacher weights W_k (:mod:`otfed.distill.weights`), default
+      all ones ("A"); they are constants (detached). With ``normalize`` (default) each sample's weights
+      are divided by their sum, as in the papers' appendix E.
+    - ``kind``: "sinkhorn" — T = entropic OT transport cost on the label support with ground ``cost``
+      (a C×C tensor or a :class:`LabelSpace`) and regularisation ``eps`` (``sinkhorn_options`` go to
+      :func:`otfed.distill.sinkhorn.sinkhorn_histogram_loss`, e.g. ``value="regularized"``); or "kl" —
+      T = KL(h_k(x) || h_θ(x)), the "Entropy" baseline.
+    - ``reduction``: "mean" (a scalar) or "none" (the B per-sample losses).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown loss kind {kind!r}; allowed: {', '.join(KINDS)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+    if teacher_probs.ndim == 2:
+        teacher_probs = teacher_probs[:, None, :]
+    if student_probs.ndim != 2 or teacher_probs.ndim != 3 or teacher_probs.shape[0] != student_probs.shape[0] \
+            or teacher_probs.shape[-1] != student_probs.shape[-1]:
+        raise ValueError(f"need student B×C and teachers B×K×C, got {tuple(student_probs.shape)} and "
+                         f"{tuple(teacher_probs.shape)}")
+    B, K, _ = teacher_probs.shape
+    if kind == "sinkhorn":
+        if cost is None or eps is None:
+            raise ValueError("the sinkhorn loss needs the label cost (C×C tensor or LabelSpace) and eps")
+        if isinstance(cost, LabelSpace):
+            cost = cost.cost_matrix()
+        discrepancy = sinkhorn_histogram_loss(student_probs, teacher_probs, cost, eps, **sinkhorn_options)
+    else:
+        if sinkhorn_options:
+            raise ValueError(f"options {sorted(sinkhorn_options)} apply to the sinkhorn loss only")
+        discrepancy = kl_histogram_loss(student_probs, teacher_probs)
+    w = _checked_weights(weights, B, K, discrepancy)
+    if normalize:
+        w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    per_sample = (w * discrepancy).sum(-1)
+    return per_sample.mean() if reduction == "mean" else per_sample
