@@ -16,6 +16,8 @@ read back from the state's shapes, so states are all that clients and server exc
 """
 from __future__ import annotations
 
+import math
+
 import contextlib
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -93,13 +95,21 @@ def _detached(model: nn.Module) -> State:
 def init_state(n_features: int, n_classes: int, hidden: Sequence[int] = (), seed: int = 0,
                dtype: torch.dtype = torch.float32) -> State:
     """A seeded initial state: softmax regression (``hidden=()``) or an MLP with the given hidden widths
-    (PyTorch's default Linear initialisation under ``torch.Generator().manual_seed(seed)``)."""
+    (PyTorch's default Linear initialisation, U(±1/√fan_in), drawn from a local ``torch.Generator`` seeded
+    with ``seed`` — thread-safe and independent of the global RNG)."""
     if n_features < 1 or n_classes < 2:
         raise ValueError(f"need n_features ≥ 1 and n_classes ≥ 2, got {n_features}, {n_classes}")
-    devices = []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        model = FeedForward([n_features, *hidden, n_classes]).to(dtype=dtype)
+    model = FeedForward([n_features, *hidden, n_classes]).to(dtype=dtype)
+    # A local generator, not torch's global one: Prefect runs tasks in threads, and seeding the global RNG
+    # from two threads at once interleaves their draws (made Monte-Carlo Shapley differ between runs).
+    generator = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for layer in model.modules():
+            if isinstance(layer, torch.nn.Linear):  # nn.Linear's default: U(±1/√fan_in) for weight and bias
+                bound = 1.0 / math.sqrt(layer.in_features)
+                layer.weight.uniform_(-bound, bound, generator=generator)
+                if layer.bias is not None:
+                    layer.bias.uniform_(-bound, bound, generator=generator)
     return _detached(model)
 
 

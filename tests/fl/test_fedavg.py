@@ -92,3 +92,22 @@ def test_fedavg_learns_separable_blobs_with_mlp() -> None:
     result = fedavg(clients, init_state(4, 3, hidden=(16,), seed=0), rounds=5, epochs=3, lr=0.2, batch_size=20,
                     eval_data=(xt, yt))
     assert len(result.accuracy) == 5 and result.accuracy[-1] > 0.85
+
+
+def test_init_state_is_reproducible_across_concurrent_threads() -> None:
+    """Regression: seeding torch's global RNG from Prefect worker threads interleaved the draws."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from otfed.fl.fedavg import init_state
+
+    reference = init_state(32, 10, hidden=(16,), seed=3)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        states = list(pool.map(lambda _: init_state(32, 10, hidden=(16,), seed=3), range(64)))
+    for state in states:
+        for key, value in reference.items():
+            assert torch.equal(state[key], value)
+    assert not torch.equal(init_state(32, 10, seed=4)["layers.0.weight"] if "layers.0.weight" in reference
+                           else next(iter(init_state(32, 10, seed=4).values())),
+                           next(iter(init_state(32, 10, seed=3).values())))
