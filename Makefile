@@ -1,5 +1,6 @@
 # The two commands of the README:
 #   make pipeline   — set up .venv (pinned, requirements.lock) and run the whole pipeline: dvc repro
+#                     (make pipeline FORCE=1: dvc repro --force)
 #   make test       — set up .venv and run the test suite (what .ci/run calls)
 VENV ?= .venv
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -16,8 +17,8 @@ $(VENV)/.installed: requirements.lock
 
 setup: $(VENV)/.installed
 
-pipeline: setup
-	dvc repro
+pipeline: setup   ## FORCE=1 recomputes every stage (and logs every stage to MLflow / Prefect again)
+	dvc repro $(if $(FORCE),--force)
 
 test: setup
 	python -m pytest
