@@ -12,11 +12,21 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from otfed.errors import ConfigError
 
 ImageDataset = Literal["mnist", "fashionmnist", "kmnist", "usps", "cifar10"]
+PositiveInt = Annotated[int, Field(ge=1)]  # list items: errors name the index, e.g. toy.dims[1]
+
+
+def _interpolation_time(v: Any) -> Any:
+    if isinstance(v, float) and not 0.0 < v < 1.0:
+        raise ValueError(f"must be 'random' or a number in (0, 1) (got {v})")
+    return v
+
+
+InterpolationTime = Annotated[Union[Literal["random"], float], AfterValidator(_interpolation_time)]
 
 
 class Strict(BaseModel):
@@ -117,19 +127,12 @@ class FedWaDParams(Strict):
 
     support_size: int = Field(10, ge=1, le=20000, description="S, support of the interpolating measure ξ.")
     iterations: int = Field(20, ge=1, le=10000, description="K.")
-    t: Literal["random"] | float = Field("random", description="'random' (default) or a fixed t in (0,1).")
+    t: InterpolationTime = Field("random", description="'random' (default) or a fixed t in (0,1).")
     p: Literal[1, 2] = 2
     interpolation: Literal["approx", "exact"] = "approx"
     solver: Literal["auto", "network_simplex", "semidual_newton"] = Field(
         "auto", description="auto: network simplex for exact interpolation, semi-dual Newton for approx.")
     init_scale: float = Field(1.0, gt=0.0, description="ξ⁰ ~ N(0, init_scale² I).")
-
-    @field_validator("t")
-    @classmethod
-    def _t(cls, v: Any) -> Any:
-        if isinstance(v, float) and not 0.0 < v < 1.0:
-            raise ValueError(f"must be 'random' or a number in (0, 1) (got {v})")
-        return v
 
     @model_validator(mode="after")
     def _exact_needs_simplex(self) -> "FedWaDParams":
@@ -141,28 +144,14 @@ class FedWaDParams(Strict):
 class ToyParams(Strict):
     """Toy Gaussians (FedWaD fig. 2–3): time and relative error vs n."""
 
-    n_values: list[int] = Field(min_length=1)
-    supports: list[int] = Field(min_length=1)
-    ratios: list[int] = Field([1, 3], min_length=1, description="n_ν = n_μ / ratio.")
-    dims: list[int] = Field([2, 50], min_length=1)
+    n_values: list[PositiveInt] = Field(min_length=1)
+    supports: list[PositiveInt] = Field(min_length=1)
+    ratios: list[PositiveInt] = Field([1, 3], min_length=1, description="n_ν = n_μ / ratio.")
+    dims: list[PositiveInt] = Field([2, 50], min_length=1)
     iterations: int = Field(20, ge=1)
     exact_interp_max_n: int = Field(1000, ge=0, description="Skip exact-interpolation FedWaD above this n.")
     repeats: int = Field(1, ge=1)
     convergence_n: int = Field(500, ge=10, description="n for the A(k) convergence figure (fig. 3).")
-
-    @field_validator("n_values", "supports", "dims")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if any(x < 1 for x in v):
-            raise ValueError("all entries must be ≥ 1")
-        return v
-
-    @field_validator("ratios")
-    @classmethod
-    def _ratios(cls, v: list[int]) -> list[int]:
-        if any(r < 1 for r in v):
-            raise ValueError("ratios must be integers ≥ 1")
-        return v
 
 
 class OTDDParams(Strict):
@@ -196,7 +185,7 @@ class FedBaryParams(Strict):
 
     support_size: int = Field(50, ge=1, le=20000, description="S, atoms of every γ_i and of the barycenter.")
     iterations: int = Field(10, ge=1, le=10000, description="K.")
-    t: Literal["random"] | float = Field("random", description="'random' (t ~ U(0,1) per step) or a fixed t in (0,1).")
+    t: InterpolationTime = Field("random", description="'random' (t ~ U(0,1) per step) or a fixed t in (0,1).")
     p: Literal[1, 2] = 2
     interpolation: Literal["approx", "exact"] = "approx"
     solver: Literal["auto", "network_simplex", "semidual_newton"] = "auto"
@@ -204,13 +193,6 @@ class FedBaryParams(Strict):
     barycenter_step: Literal["reweighted", "interpolants"] = "reweighted"
     diagonal: bool = True
     potential: Literal["sinkhorn", "exact"] = Field("sinkhorn", description="Dual potentials for datum values.")
-
-    @field_validator("t")
-    @classmethod
-    def _t(cls, v: Any) -> Any:
-        if isinstance(v, float) and not 0.0 < v < 1.0:
-            raise ValueError(f"must be 'random' or a number in (0, 1) (got {v})")
-        return v
 
 
 class FedAvgParams(Strict):
@@ -220,14 +202,7 @@ class FedAvgParams(Strict):
     epochs: int = Field(5, ge=1, le=1000, description="Local epochs per round.")
     lr: float = Field(0.1, gt=0.0, le=10.0)
     batch_size: int | None = Field(None, ge=1, description="None = full batch.")
-    hidden: list[int] = Field([], description="Hidden widths; [] = multinomial logistic regression.")
-
-    @field_validator("hidden")
-    @classmethod
-    def _hidden(cls, v: list[int]) -> list[int]:
-        if any(h < 1 for h in v):
-            raise ValueError("hidden widths must be ≥ 1")
-        return v
+    hidden: list[PositiveInt] = Field([], description="Hidden widths; [] = multinomial logistic regression.")
 
 
 class OutlierParams(Strict):

@@ -36,7 +36,7 @@ def test_committed_params_are_valid() -> None:
     (lambda d: d["fed_distance"]["toy"].update(dims=[2, "x"]), "fed_distance.toy.dims[1]: Input should be a valid integer"),
     (lambda d: d["partition"]["federations"]["pairs_none"].pop("n_clients"), "partition.federations.pairs_none.n_clients: required key is missing"),
     (lambda d: d["partition"]["federations"]["pairs_none"].update(scheme="kmeans"), "'by_dataset', 'iid', 'dirichlet', 'class_pairs', 'fedbary_case'"),
-    (lambda d: d["fed_distance"]["toy"].update(ratios=[0]), "fed_distance.toy.ratios: ratios must be integers ≥ 1"),
+    (lambda d: d["fed_distance"]["toy"].update(ratios=[3, 0]), "fed_distance.toy.ratios[1]: Input should be greater than or equal to 1 (got 0)"),
     (lambda d: d["partition"]["federations"]["pairs_strong"].update(n_clients=4), "pairs_strong.n_clients: Input should be greater than or equal to 10"),
 ])
 def test_invalid_params_name_the_key(raw: dict, mutate, expected: str) -> None:
