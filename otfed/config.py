@@ -180,16 +180,12 @@ class FedDistanceParams(Strict):
 
 
 # ------------------------------------------------------------------------------ barycenter_valuation
-class FedBaryParams(Strict):
-    """FedBary Algorithm 1 settings (SPEC §3; otfed.federation.fedbary.FedBaryConfig)."""
+class FedBaryParams(FedWaDParams):
+    """FedBary Algorithm 1 settings (SPEC §3; otfed.federation.fedbary.FedBaryConfig): FedWaD's protocol
+    settings (t, p, interpolation, solver, init_scale, and their checks) plus the barycenter options."""
 
     support_size: int = Field(50, ge=1, le=20000, description="S, atoms of every γ_i and of the barycenter.")
     iterations: int = Field(10, ge=1, le=10000, description="K.")
-    t: InterpolationTime = Field("random", description="'random' (t ~ U(0,1) per step) or a fixed t in (0,1).")
-    p: Literal[1, 2] = 2
-    interpolation: Literal["approx", "exact"] = "approx"
-    solver: Literal["auto", "network_simplex", "semidual_newton"] = "auto"
-    init_scale: float = Field(1.0, gt=0.0)
     barycenter_step: Literal["reweighted", "interpolants"] = "reweighted"
     diagonal: bool = True
     potential: Literal["sinkhorn", "exact"] = Field("sinkhorn", description="Dual potentials for datum values.")

@@ -65,14 +65,13 @@ from typing import Literal, Sequence
 import numpy as np
 
 from otfed.errors import DegenerateClientError, SupportGrowthError
-from otfed.federation.fedwad import FedWaDConfig, draw_t, interpolation_step, subproblem_solver
+from otfed.federation.fedwad import (FedWaDConfig, Interpolation, Solver, draw_t, interpolation_step,
+                                     subproblem_solver)
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
 from otfed.federation.otdd import LabelledData, augmented_measure
 from otfed.ot import Measure, interpolate_approx, optimal_transport
 
-Interpolation = Literal["approx", "exact"]
-Solver = Literal["auto", "network_simplex", "semidual_newton"]
 BarycenterStep = Literal["reweighted", "interpolants"]
 Potential = Literal["sinkhorn", "exact"]
 
