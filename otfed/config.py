@@ -107,10 +107,48 @@ FederationSpec = Annotated[
 ]
 
 
+# ---------------------------------------------------------------------------- partition (text track)
+TextTask = Literal["sa", "erc", "nli"]
+TEXT_TASKS: tuple[str, ...] = ("sa", "erc", "nli")
+
+
+class TextTaskParams(Strict):
+    """One KNOT task's parties (SPEC §1): local clients, the global (server) dataset and the transfer set."""
+
+    dataset: str = Field(description="sa: amazon_categories | womens_clothing | mdsd_amazon4; erc: dailydialog; "
+                                     "nli: multinli.")
+    locals: list[str] = Field(min_length=1, description="Local clients (domains, genres or DailyDialog chunks).")
+    global_party: str = Field(description="The server's labelled dataset (pretrains the global model).")
+    transfer: str = Field(description="Unlabelled transfer set: its labels are dropped when it is read.")
+    max_train: int | None = Field(None, ge=10, description="Cap on train rows per party (stratified); None = all.")
+    max_eval: int | None = Field(None, ge=10, description="Cap on validation and on test rows per party.")
+    max_transfer: int | None = Field(None, ge=10, description="Cap on transfer texts.")
+    val_fraction: float = Field(0.1, gt=0.0, lt=0.5)
+    test_fraction: float = Field(0.2, gt=0.0, lt=0.5)
+    context_turns: int = Field(2, ge=0, le=20, description="ERC: preceding turns prepended to an utterance.")
+    separator: str = " [SEP] "
+
+    @model_validator(mode="after")
+    def _distinct_parties(self) -> "TextTaskParams":
+        names = [*self.locals, self.global_party, self.transfer]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"a dataset can play one role only; repeated: {', '.join(repeated)}")
+        return self
+
+
+class TextPartitionParams(Strict):
+    """Text partitions: ``<out_dir>/<task>/{parties.csv.gz, transfer.csv.gz, manifest.json}``."""
+
+    out_dir: str = "data/text_partitions"
+    tasks: dict[TextTask, TextTaskParams] = Field(min_length=1)
+
+
 class PartitionParams(Strict):
     data_dir: str = "data/raw"
     out_dir: str = "data/partitions"
     federations: dict[str, FederationSpec] = Field(min_length=1)
+    text: TextPartitionParams | None = Field(None, description="KNOT text track; None = feature track only.")
 
     @field_validator("federations")
     @classmethod
@@ -247,14 +285,31 @@ class DetectionParams(Strict):
         return self
 
 
+class DuplicationParams(Strict):
+    """Duplication robustness (table 3): one client's whole dataset, or one of its data, duplicated; exact W
+    (POT) next to FedBary's estimate. The federation is checked by the stage before any work starts."""
+
+    federation: str = "case1"
+    client: int = Field(0, ge=0, description="Index of the client whose data are duplicated.")
+    copies: list[PositiveInt] = Field([1, 2, 3, 4], min_length=1, description="Times the client's dataset "
+                                      "appears: 1 = as is, 2–4 = duplicated 1–3×.")
+    datum_copies: int = Field(11, ge=2, description="Times the most valuable / most harmful datum appears "
+                              "(11 = duplicated 10×).")
+    validation_samples: int = Field(300, ge=10, description="Q = the first rows of the test split.")
+    seed_repeats: int = Field(5, ge=0, le=100, description="FedBary reruns with seeds seed … seed+n−1 on the "
+                              "original data: the estimate's seed-to-seed spread.")
+
+
 class BarycenterValuationParams(Strict):
-    """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5)."""
+    """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5),
+    duplication robustness (table 3)."""
 
     out_dir: str = "reports/valuation"
     pca_components: int = Field(32, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
     fedbary: FedBaryParams = FedBaryParams()
     contributions: ContributionParams = ContributionParams()
     detection: DetectionParams = DetectionParams()
+    duplication: DuplicationParams = DuplicationParams()
 
 
 class NoisyRemovalParams(Strict):
@@ -271,6 +326,91 @@ class NoisyRemovalParams(Strict):
     fedavg: FedAvgParams = FedAvgParams(rounds=20)
 
 
+# ------------------------------------------------------------------------------- text track (KNOT)
+class TextModelParams(Strict):
+    """A text classifier (SPEC §1: a BERT-tiny-sized encoder + classifier; or a local HF checkpoint)."""
+
+    kind: Literal["bert", "distilbert", "checkpoint"] = "bert"
+    layers: int = Field(2, ge=1, le=48)
+    hidden: int = Field(128, ge=8, le=4096)
+    heads: int = Field(2, ge=1, le=64)
+    intermediate: int = Field(512, ge=8, le=16384)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    max_length: int = Field(128, ge=8, le=4096, description="Tokens per input (the papers clip at 200).")
+    vocab_size: int = Field(8000, ge=100, le=200000, description="WordPiece vocabulary trained per party.")
+    checkpoint: str | None = Field(None, description="kind=checkpoint: a local Hugging Face model directory.")
+
+    @model_validator(mode="after")
+    def _shape(self) -> "TextModelParams":
+        if self.kind == "checkpoint" and not self.checkpoint:
+            raise ValueError("kind 'checkpoint' needs checkpoint: <a local Hugging Face model directory>")
+        if self.kind != "checkpoint" and self.checkpoint:
+            raise ValueError(f"checkpoint is only read with kind 'checkpoint' (kind is {self.kind!r})")
+        if self.kind != "checkpoint" and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        return self
+
+
+class TextTrainingParams(Strict):
+    """Supervised training of a teacher or the global model: cross-entropy, AdamW, early stopping."""
+
+    epochs: int = Field(5, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=4096)
+    lr: float = Field(5e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
+    patience: int = Field(2, ge=1, le=1000, description="Epochs without a better validation macro-F1 before stopping.")
+
+
+class TrainTeachersParams(Strict):
+    """Stage ``train_teachers``: one teacher per local client plus the global model, per task."""
+
+    models_dir: str = "models/text"
+    messages_dir: str = "data/text_messages"
+    out_dir: str = "reports/teachers"
+    tasks: list[TextTask] = Field(["sa", "erc", "nli"], min_length=1)
+    model: TextModelParams = TextModelParams()
+    party_models: dict[str, TextModelParams] = Field(
+        {}, description="'<task>.<party>' → model for that party (teachers may differ in architecture).")
+    training: TextTrainingParams = TextTrainingParams()
+    predict_batch_size: int = Field(128, ge=1)
+
+
+class EstimateBiasParams(Strict):
+    """Stage ``estimate_bias``: B_k from random texts drawn from each teacher's vocabulary (KNOT app. D.1)."""
+
+    out_dir: str = "reports/bias"
+    n_texts: int = Field(2000, ge=10, le=10_000_000, description="Random texts per teacher (the papers: 100,000).")
+    text_length: int = Field(200, ge=1, le=10_000, description="Vocabulary entries per random text (papers: 200).")
+    batch_size: int = Field(256, ge=1)
+
+
+Weighting = Literal["A", "D", "U", "E"]
+
+
+class DistillParams(Strict):
+    """Stage ``distill``: the eq. 3 student for {Sinkhorn, Entropy} × {A, D, U, E} (+ one-hot ablation)."""
+
+    out_dir: str = "reports/distill"
+    losses: list[Literal["sinkhorn", "kl"]] = Field(["sinkhorn", "kl"], min_length=1)
+    weightings: list[Weighting] = Field(["A", "D", "U", "E"], min_length=1)
+    eps: float = Field(0.01, gt=0.0, le=100.0, description="Entropic regularisation ε of T_ε (cost units).")
+    sinkhorn_iterations: int = Field(300, ge=1, le=100000)
+    one_hot_ablation: bool = Field(True, description="Also Sinkhorn-E with one-hot label coordinates (app. C.1).")
+    learning_without_forgetting: bool = Field(True, description="The frozen global model is one more teacher.")
+    epochs: int = Field(3, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=4096)
+    lr: float = Field(2e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
+    eval_batch_size: int = Field(128, ge=1)
+
+    @field_validator("losses", "weightings")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"entries must be distinct (got {v})")
+        return v
+
+
 # ----------------------------------------------------------------------------------------- top level
 class Params(Strict):
     """The whole params.yaml. Groups of later stages (text track, valuation) are added by their issues."""
@@ -280,11 +420,15 @@ class Params(Strict):
     fed_distance: FedDistanceParams
     barycenter_valuation: BarycenterValuationParams | None = None
     noisy_removal: NoisyRemovalParams | None = None
+    train_teachers: TrainTeachersParams | None = None
+    estimate_bias: EstimateBiasParams | None = None
+    distill: DistillParams | None = None
 
     @model_validator(mode="after")
     def _references(self) -> "Params":
         known = self.partition.federations
         self._valuation_references(known)
+        self._text_references()
         ref = self.fed_distance.otdd.federation
         if ref not in known:
             raise ValueError(f"fed_distance.otdd.federation: unknown federation {ref!r}; defined: {sorted(known)}")
@@ -296,6 +440,28 @@ class Params(Strict):
                     f"fed_distance.clustering.federations: unknown federation {name!r}; defined: {sorted(known)}"
                 )
         return self
+
+    def _text_references(self) -> None:
+        """Text stages need the text partitions of every task they name; per-party models name real parties."""
+        if self.train_teachers is None and self.distill is None and self.estimate_bias is None:
+            return
+        text = self.partition.text
+        if text is None:
+            raise ValueError("partition.text: required by the text-track stages (train_teachers, estimate_bias, "
+                             "distill)")
+        if self.train_teachers is None:
+            raise ValueError("train_teachers: required by estimate_bias and distill")
+        for i, task in enumerate(self.train_teachers.tasks):
+            if task not in text.tasks:
+                raise ValueError(f"train_teachers.tasks[{i}]: task {task!r} has no partition.text.tasks entry; "
+                                 f"defined: {sorted(text.tasks)}")
+        for key in self.train_teachers.party_models:
+            task, _, party = key.partition(".")
+            spec = text.tasks.get(task)  # type: ignore[call-overload]
+            parties = [] if spec is None else [*spec.locals, spec.global_party]
+            if party not in parties:
+                allowed = [f"{t}.{p}" for t, s in text.tasks.items() for p in [*s.locals, s.global_party]]
+                raise ValueError(f"train_teachers.party_models: unknown party {key!r}; allowed: {', '.join(allowed)}")
 
     def _valuation_references(self, known: dict[str, Any]) -> None:
         """Federations named by the valuation stages exist, have no held-out gap and enough test rows."""
@@ -341,6 +507,8 @@ def _format_error(err: dict[str, Any], data: Any) -> str:
     parts: list[str] = []
     node = data
     for part in loc:
+        if part == "[key]":  # a mapping key that failed validation (e.g. an unknown text task)
+            continue
         if isinstance(node, dict) and part in node:
             parts.append(part)
             node = node[part]
@@ -353,6 +521,8 @@ def _format_error(err: dict[str, Any], data: Any) -> str:
             parts.append(part)  # the unknown or missing key itself
     path = ".".join(parts).replace(".[", "[")
     msg = err["msg"]
+    if loc and loc[-1] == "[key]":
+        msg = f"invalid key: {msg}"
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":

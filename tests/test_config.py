@@ -87,7 +87,7 @@ def test_committed_params_have_the_valuation_groups() -> None:
      "barycenter_valuation.fedbary.colour: unknown key; allowed keys here: barycenter_step, diagonal, init_scale, "
      "interpolation, iterations, p, potential, solver, support_size, t"),
     (lambda d: d["barycenter_valuation"].update(pca=3), "barycenter_valuation.pca: unknown key; allowed keys here: "
-     "contributions, detection, fedbary, out_dir, pca_components"),
+     "contributions, detection, duplication, fedbary, out_dir, pca_components"),
     (lambda d: d["noisy_removal"]["fedavg"].update(lr=0), "noisy_removal.fedavg.lr: Input should be greater than 0"),
     (lambda d: d["noisy_removal"].update(max_remove_fraction=1.5),
      "noisy_removal.max_remove_fraction: Input should be less than or equal to 1"),

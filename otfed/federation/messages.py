@@ -68,3 +68,66 @@ class DistanceMessage(Message):
     @property
     def shape(self) -> tuple[int, ...]:
         return (1,)
+
+
+# ------------------------------------------------------------------------------ KNOT (text track)
+@dataclass(frozen=True)
+class PredictionMessage(Message):
+    """A teacher's probabilities h_k(x) on the shared transfer set (N×C): all a KNOT client ever sends
+    about its data and model (KNOT §3; SPEC §1 "the server only ever sees teacher predictions")."""
+
+    probabilities: np.ndarray = None  # type: ignore[assignment]
+
+    payload_type: ClassVar[str] = "predictions"
+
+    def __post_init__(self) -> None:
+        p = np.asarray(self.probabilities, dtype=np.float64)
+        if p.ndim != 2 or not np.isfinite(p).all() or (p < 0).any() or not np.allclose(p.sum(1), 1.0, atol=1e-6):
+            raise ValueError(f"{self.sender}: predictions must be finite N×C rows of probabilities "
+                             f"(got shape {p.shape})")
+        object.__setattr__(self, "probabilities", p)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.probabilities,)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.probabilities.shape)
+
+
+@dataclass(frozen=True)
+class HistogramMessage(Message):
+    """A label histogram a client reports: its probability bias B_k (KNOT app. D.1)."""
+
+    histogram: np.ndarray = None  # type: ignore[assignment]
+
+    payload_type: ClassVar[str] = "histogram"
+
+    def __post_init__(self) -> None:
+        h = np.asarray(self.histogram, dtype=np.float64)
+        if h.ndim != 1 or not np.isfinite(h).all() or (h < 0).any() or not np.isclose(h.sum(), 1.0, atol=1e-6):
+            raise ValueError(f"{self.sender}: a label histogram must be a finite probability vector (got {h!r})")
+        object.__setattr__(self, "histogram", h)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.histogram,)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.histogram.shape)
+
+
+@dataclass(frozen=True)
+class CountMessage(Message):
+    """A count a client reports, e.g. its local dataset size (the "D" weighting of KNOT eq. 3)."""
+
+    value: int = 0
+
+    payload_type: ClassVar[str] = "count"
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return (np.asarray([self.value], dtype=np.int64),)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (1,)

@@ -1,0 +1,109 @@
+"""Server-side training of KNOT's global student on the transfer set (KNOT §5, eq. 3; SPEC §1).
+
+The server holds the student h_θ (initialised from its pretrained global model), the unlabelled transfer
+texts and a :class:`~otfed.federation.knot.TeacherEnsemble` built from client messages. It minimises
+eq. 3 — Σ_k W̄_k(h_k(x)) · T(h_θ(x), h_k(x)) averaged over mini-batches — with T the entropic OT cost on
+the label geometry ("Sinkhorn") or KL ("Entropy"). Teacher weights are computed once from the messages
+(:func:`ensemble_weights`); they depend on the teachers only, never on θ.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from otfed.distill.losses import ensemble_loss
+from otfed.distill.weights import teacher_weights
+from otfed.federation.knot import TeacherEnsemble
+from otfed.models.training import seeded_dropout
+
+
+def ensemble_weights(ensemble: TeacherEnsemble, weighting: str) -> np.ndarray:
+    """N×K teacher weights W_k(h_k(x)) of ``weighting`` ∈ {A, D, U, E} for every transfer sample
+    (KNOT eq. 3 and §5.2), from the server's messages only (sizes for D, biases for E)."""
+    q = torch.as_tensor(ensemble.probabilities, dtype=torch.float64)
+    bias = None if ensemble.biases is None else torch.as_tensor(ensemble.biases, dtype=torch.float64)
+    w = teacher_weights(weighting, q, bias=bias, dataset_sizes=ensemble.dataset_sizes)
+    return w.numpy()
+
+
+def distill_student(
+    student: Any,
+    transfer_texts: Sequence[str],
+    ensemble: TeacherEnsemble,
+    weights: np.ndarray,
+    *,
+    kind: str,
+    cost: torch.Tensor | None = None,
+    eps: float | None = None,
+    sinkhorn_iterations: int = 300,
+    epochs: int = 3,
+    batch_size: int = 32,
+    lr: float = 2e-4,
+    weight_decay: float = 0.01,
+    seed: int = 0,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+    description: str = "distill",
+) -> list[dict[str, Any]]:
+    """Fit ``student`` (an :class:`otfed.models.TextClassifier`) to the ensemble with eq. 3; returns the
+    per-epoch history (epoch, loss, seconds).
+
+    ``weights`` are N×K (:func:`ensemble_weights`), normalised per sample inside the loss (appendix E).
+    Mini-batches come from a seeded local generator; AdamW with ``lr`` and ``weight_decay``. The loss
+    of a Sinkhorn batch whose solver did not converge is still used (a warning is emitted).
+    """
+    texts = list(transfer_texts)
+    n = len(texts)
+    probs = torch.as_tensor(ensemble.probabilities, dtype=torch.float32)
+    w = torch.as_tensor(weights, dtype=torch.float32)
+    if probs.shape[0] != n or w.shape != probs.shape[:2]:
+        raise ValueError(f"{n} transfer texts, teacher predictions {tuple(probs.shape)}, weights {tuple(w.shape)}: "
+                         "need N texts, N×K×C predictions and N×K weights")
+    if n == 0:
+        raise ValueError("the transfer set is empty")
+    model = student.model
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)  # batches: no global RNG (stages run tasks in threads)
+    dropout_generator = torch.Generator(device=device).manual_seed(seed + 1)
+    features = student.pretokenize(texts)  # tokenise once
+    options = {} if kind == "kl" else {"cost": cost, "eps": eps, "n_iter": sinkhorn_iterations}
+    history: list[dict[str, Any]] = []
+    with seeded_dropout(model, dropout_generator):
+        for epoch in range(1, epochs + 1):
+            record = _epoch(student, features, probs, w, kind, options, optimizer, generator, batch_size,
+                            f"{description} epoch {epoch}/{epochs}", progress)
+            record["epoch"] = epoch
+            history.append(record)
+            if on_epoch is not None:
+                on_epoch(record)
+    model.eval()
+    return history
+
+
+def _epoch(student, features, probs, w, kind, options, optimizer, generator, batch_size, description, progress):
+    """One pass over the transfer set in shuffled mini-batches; returns {loss, seconds}."""
+    start = time.perf_counter()
+    n = len(features)
+    n_batches = (n + batch_size - 1) // batch_size
+    device = next(student.model.parameters()).device
+    student.model.train()
+    order = torch.randperm(n, generator=generator)
+    total, seen = 0.0, 0
+    bar = tqdm(range(n_batches), desc=description, unit="batch", disable=not progress, leave=False)
+    for b in bar:
+        idx = order[b * batch_size:(b + 1) * batch_size]
+        batch = student.collate([features[i] for i in idx.tolist()])
+        student_probs = torch.softmax(student.logits(batch).float(), dim=-1)
+        loss = ensemble_loss(student_probs, probs[idx].to(device), w[idx].to(device), kind=kind, **options)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach()) * len(idx)
+        seen += len(idx)
+        bar.set_postfix(loss=f"{total / seen:.4f}")
+    return {"loss": total / seen, "seconds": time.perf_counter() - start}

@@ -1,0 +1,128 @@
+"""Tables and figures of the KNOT text track (stages ``train_teachers``, ``estimate_bias``, ``distill``).
+
+Each figure function returns a matplotlib Figure for :meth:`otfed.tracking.TrackedRun.log_figure`.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from otfed.metrics import expected_label_coordinates  # noqa: E402
+
+
+def training_curves(history: pd.DataFrame) -> plt.Figure:
+    """Validation macro-F1 per epoch of every party's model, one panel per task (early stopping keeps the
+    best epoch, marked with a dot)."""
+    tasks = list(dict.fromkeys(history.task)) if len(history) else []
+    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.5 * max(len(tasks), 1), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        sub = history[history.task == task]
+        for party, h in sub.groupby("party", sort=False):
+            line, = ax.plot(h.epoch, h.val_macro_f1, marker=".", label=party)
+            best = h.loc[h.val_macro_f1.idxmax()]
+            ax.plot(best.epoch, best.val_macro_f1, "o", color=line.get_color(), ms=7)
+        ax.set_title(task.upper())
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("validation macro-F1")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def bias_figure(table: pd.DataFrame) -> plt.Figure:
+    """Each teacher's probability bias B_k (KNOT §5.2): stacked label shares per teacher, one panel per task."""
+    tasks = list(dict.fromkeys(table.task))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
+    meta = {"task", "party", "max_share", "majority_label"}
+    for ax, task in zip(axes[0], tasks):
+        sub = table[table.task == task].dropna(axis=1, how="all")
+        labels = [c for c in sub.columns if c not in meta]
+        bottom = np.zeros(len(sub))
+        for label in labels:
+            vals = sub[label].to_numpy(dtype=float)
+            ax.bar(sub.party, vals, bottom=bottom, label=label)
+            bottom += vals
+        ax.set_title(f"{task.upper()}: probability bias B_k")
+        ax.set_ylabel("share of random texts (argmax)")
+        ax.set_ylim(0, 1)
+        ax.tick_params(axis="x", rotation=30, labelsize=7)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def results_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """KNOT tables 2–4 layout: one row per variant, per test set its score (macro-F1 or accuracy) and
+    Semantic Distance (SD, lower is better)."""
+    sets = list(dict.fromkeys(rows.test_set))
+    variants = list(dict.fromkeys(rows.variant))
+    out = pd.DataFrame({"variant": variants})
+    for s in sets:
+        sub = rows[rows.test_set == s].set_index("variant")
+        out[f"{s} score"] = sub.score.reindex(variants).to_numpy()
+        out[f"{s} SD"] = sub.semantic_distance.reindex(variants).to_numpy()
+    return out
+
+
+def expected_label_boxplots(probabilities: Mapping[str, Mapping[str, np.ndarray]], labels: np.ndarray,
+                            label_space, variants: Sequence[str], test_set: str = "ALL") -> plt.Figure:
+    """KNOT fig. 2: distribution of the expected label coordinate Σ_l p_l coord(l) per ground-truth label,
+    side by side for ``variants`` (e.g. Sinkhorn-E vs Entropy-E). For multi-dimensional label spaces the
+    panel shows the distance of the expected coordinate from the true label's point instead."""
+    variants = [v for v in variants if v in probabilities]
+    coords = np.asarray(label_space.coordinates, dtype=float)
+    one_d = coords.shape[1] == 1
+    fig, ax = plt.subplots(figsize=(1.4 * len(label_space.labels) * max(len(variants), 1) + 1.5, 3.8))
+    width = 0.8 / max(len(variants), 1)
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    for j, variant in enumerate(variants):
+        e = expected_label_coordinates(probabilities[variant][test_set], coords)
+        values = e[:, 0] if one_d else np.linalg.norm(e - coords[labels], axis=1)
+        groups = [values[labels == k] for k in range(len(label_space.labels))]
+        positions = np.arange(len(groups)) + (j - (len(variants) - 1) / 2) * width
+        keep = [i for i, g in enumerate(groups) if len(g)]
+        bp = ax.boxplot([groups[i] for i in keep], positions=positions[keep], widths=width * 0.9,
+                        patch_artist=True, showfliers=False)
+        for box in bp["boxes"]:
+            box.set_facecolor(colors[j % len(colors)])
+            box.set_alpha(0.6)
+        ax.plot([], [], color=colors[j % len(colors)], lw=6, alpha=0.6, label=variant)
+    if one_d:
+        ax.scatter(range(len(coords)), coords[:, 0], marker="_", s=400, color="k", zorder=5, label="true label")
+        ax.set_ylabel("expected label Σ p_l · l")
+    else:
+        ax.set_ylabel("||expected coordinate − true||₂")
+    ax.set_xticks(range(len(label_space.labels)), label_space.labels, rotation=20, fontsize=8)
+    ax.set_xlabel("ground-truth label")
+    ax.set_title(f"{label_space.task.upper()} ({test_set} test): expected label per true label")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def sinkhorn_vs_entropy(rows: pd.DataFrame, test_set: str = "ALL") -> plt.Figure:
+    """Score and Semantic Distance on ``test_set`` of Sinkhorn vs Entropy for each weighting, per task."""
+    rows = rows[(rows.test_set == test_set) & rows.loss.isin(["sinkhorn", "kl"])
+                & ~rows.variant.str.endswith("onehot")]
+    tasks = list(dict.fromkeys(rows.task))
+    fig, axes = plt.subplots(2, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 6), squeeze=False)
+    for j, task in enumerate(tasks):
+        sub = rows[rows.task == task]
+        weightings = list(dict.fromkeys(sub.weighting))
+        for i, (metric, title) in enumerate([("score", "score (macro-F1 / accuracy) ↑"),
+                                             ("semantic_distance", "Semantic Distance ↓")]):
+            ax = axes[i, j]
+            for k, (loss, name) in enumerate([("sinkhorn", "Sinkhorn"), ("kl", "Entropy")]):
+                vals = sub[sub.loss == loss].set_index("weighting")[metric].reindex(weightings).to_numpy()
+                ax.bar(np.arange(len(weightings)) + (k - 0.5) * 0.38, vals, 0.38, label=name)
+            ax.set_xticks(range(len(weightings)), weightings)
+            ax.set_title(f"{task.upper()}: {title}", fontsize=9)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

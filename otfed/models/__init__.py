@@ -1,0 +1,40 @@
+"""Text classifiers for the KNOT track (SPEC §1): tokenizer, models and supervised training, offline.
+
+KNOT's teachers, global model and student are "BERT-tiny-sized encoder + classifier" models trained
+with cross-entropy (SPEC §1, KNOT §6); teachers may differ in architecture. Nothing is downloaded: a
+party trains its own WordPiece vocabulary, models are built from configs, and any other model comes
+from a local Hugging Face directory.
+
+Public names (implementation modules in parentheses):
+
+- ``train_wordpiece``, ``vocabulary`` — a deterministic BERT-style WordPiece tokenizer trained on a
+  party's texts; its vocabulary in id order (for the probability bias, KNOT app. D.1)   (tokenizer)
+- ``ModelSpec``, ``MODEL_KINDS`` — the architecture: "bert", "distilbert" or "checkpoint"   (text)
+- ``Text`` — one input: a string or a (first, second) pair such as NLI's premise/hypothesis  (text)
+- ``TextClassifier`` — tokenizer + model + max_length: ``encode``, ``logits``, ``predict_proba``,
+  ``save`` / ``load``                                                                          (text)
+- ``build_classifier`` — a fresh seeded classifier for a spec                                  (text)
+- ``train_classifier``, ``TrainResult``, ``predict_labels`` — cross-entropy training with early
+  stopping on validation macro-F1                                                          (training)
+- ``seeded_dropout`` — dropout from a private generator (thread-safe reproducibility)      (training)
+"""
+
+from otfed.models.text import MODEL_KINDS, ModelSpec, Text, TextClassifier, build_classifier, resolve_device
+from otfed.models.tokenizer import train_wordpiece, vocabulary
+from otfed.models.training import EPOCH_KEYS, TrainResult, predict_labels, seeded_dropout, train_classifier
+
+__all__ = [
+    "MODEL_KINDS",
+    "ModelSpec",
+    "Text",
+    "TextClassifier",
+    "build_classifier",
+    "resolve_device",
+    "train_wordpiece",
+    "vocabulary",
+    "EPOCH_KEYS",
+    "TrainResult",
+    "train_classifier",
+    "predict_labels",
+    "seeded_dropout",
+]

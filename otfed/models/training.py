@@ -1,0 +1,267 @@
+"""Supervised training of a text classifier: KNOT's local teachers and pretrained global model.
+
+SPEC §1 ("Teachers: cross-entropy; model = BERT-tiny-sized encoder + classifier; Adam; batch and lr
+by grid; 20 epochs"; KNOT §6): each client fits its teacher on its private labelled texts with the
+cross-entropy loss, and the server pretrains the global model the same way on its own labelled set
+before distillation (learning without forgetting). :func:`train_classifier` does this with AdamW,
+early stopping on validation macro-F1 and the best epoch's weights restored.
+
+**No global RNG.** Stages train several parties in threads of one process, and torch's global
+generator is shared by all of them; so mini-batch order comes from a private ``torch.Generator``, and
+dropout — ``nn.Dropout`` modules and the attention-probability dropout of models that use the
+``transformers`` attention interface (BERT, DistilBERT and most others) — draws from a private
+generator too while :func:`seeded_dropout` is active. The same seed therefore gives identical weights
+on CPU whatever other threads do. (Attention dropout of a causal/decoder checkpoint, or of an
+architecture outside the attention interface, still draws from the global RNG.)
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from otfed.errors import DegenerateClientError
+from otfed.metrics import accuracy, macro_f1
+from otfed.models.text import TextClassifier
+
+#: Keys of every per-epoch record in :attr:`TrainResult.history` (and of the dict given to ``on_epoch``).
+EPOCH_KEYS = ("epoch", "train_loss", "val_macro_f1", "val_accuracy", "seconds")
+
+SEEDED_ATTENTION = "otfed_seeded_dropout"
+
+
+# ------------------------------------------------------------------------------ private-RNG dropout
+class GeneratorDropout(nn.Dropout):
+    """``nn.Dropout`` whose mask is drawn from ``generator`` instead of torch's global RNG."""
+
+    def __init__(self, p: float, generator: torch.Generator) -> None:
+        super().__init__(p)
+        self.generator = generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _dropout(x, self.p, self.training, self.generator)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool, generator: torch.Generator) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return torch.zeros_like(x)
+    keep = torch.empty_like(x).bernoulli_(1.0 - p, generator=generator)
+    return x * keep / (1.0 - p)
+
+
+def _seeded_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs):
+    """Scaled dot-product attention whose probability dropout uses the module's GeneratorDropout.
+
+    Outside training, without dropout, for causal modules or grouped key/value heads it is exactly
+    ``transformers``' SDPA attention (the same boolean mask format is registered for it).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    drop = getattr(module, "dropout", None)
+    if (not module.training or dropout == 0.0 or not isinstance(drop, GeneratorDropout)
+            or getattr(module, "is_causal", False) or key.shape[1] != query.shape[1]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    weights = _dropout(torch.softmax(scores, dim=-1), dropout, True, drop.generator)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+_registered = False
+
+
+def _register_seeded_attention() -> None:
+    """Add the seeded attention (and SDPA's mask format for it) to ``transformers``' registries, once."""
+    global _registered
+    if not _registered:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.modeling_utils import AttentionInterface
+
+        AttentionInterface.register(SEEDED_ATTENTION, _seeded_attention)
+        AttentionMaskInterface.register(SEEDED_ATTENTION, sdpa_mask)
+        _registered = True
+
+
+@contextmanager
+def seeded_dropout(model: nn.Module, generator: torch.Generator) -> Iterator[nn.Module]:
+    """Within the block, the dropout of ``model`` draws from ``generator`` (on the model's device), not
+    from torch's global RNG: every ``nn.Dropout`` module is swapped for a :class:`GeneratorDropout`, and
+    a ``transformers`` model that uses the attention interface (and SDPA or eager attention) is switched
+    to an SDPA-equivalent attention whose probability dropout uses that generator. Everything is put
+    back on exit. Use it around any training loop that must be reproducible under threads (the
+    teachers here, the KNOT student in distillation)."""
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Dropout:
+                replacement = GeneratorDropout(child.p, generator)
+                replacement.train(child.training)
+                setattr(parent, name, replacement)
+                swapped.append((parent, name, child))
+    config = getattr(model, "config", None)
+    previous = getattr(config, "_attn_implementation", None)
+    switched = False
+    if previous in ("sdpa", "eager") and hasattr(model, "set_attn_implementation"):
+        _register_seeded_attention()
+        try:
+            if model._can_set_attn_implementation():
+                model.set_attn_implementation(SEEDED_ATTENTION)
+                switched = config._attn_implementation == SEEDED_ATTENTION
+        except (ValueError, KeyError, ImportError, AttributeError):
+            switched = False
+    try:
+        yield model
+    finally:
+        if switched:
+            model.set_attn_implementation(previous)
+        for parent, name, original in swapped:
+            original.train(getattr(parent, name).training)
+            setattr(parent, name, original)
+
+
+# --------------------------------------------------------------------------------------- training
+@dataclass
+class TrainResult:
+    """Outcome of :func:`train_classifier`: the restored (best) epoch, its validation macro-F1, and one
+    record per epoch run with keys :data:`EPOCH_KEYS`."""
+
+    best_epoch: int
+    best_score: float
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def epochs_run(self) -> int:
+        return len(self.history)
+
+
+def _label_array(labels, n: int, n_labels: int, what: str) -> np.ndarray:
+    y = np.asarray(labels)
+    if y.shape != (n,):
+        raise ValueError(f"{what}: need one label per text ({n} texts, labels of shape {y.shape})")
+    if n and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= n_labels):
+        raise ValueError(f"{what}: labels must be integers in 0..{n_labels - 1}")
+    return y.astype(np.int64)
+
+
+def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not biases, LayerNorm or other vectors), as in BERT."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
+
+
+def train_classifier(
+    clf: TextClassifier,
+    train_texts: Sequence[str],
+    train_labels: Sequence[int] | np.ndarray,
+    val_texts: Sequence[str],
+    val_labels: Sequence[int] | np.ndarray,
+    *,
+    epochs: int = 5,
+    batch_size: int = 32,
+    lr: float = 5e-4,
+    weight_decay: float = 0.01,
+    patience: int | None = 2,
+    seed: int = 0,
+    on_epoch: Callable[[dict], None] | None = None,
+    progress: bool = True,
+    description: str = "",
+    eval_batch_size: int = 128,
+) -> TrainResult:
+    """Fit ``clf`` in place on labelled texts with the cross-entropy loss (SPEC §1 teachers; KNOT §6).
+
+    Labels are column indices 0..C−1 of ``clf.labels``. Each epoch: shuffled mini-batches (order from a
+    generator seeded with ``seed``), AdamW (``lr``, ``weight_decay`` on weight matrices), dropout from a
+    private generator (:func:`seeded_dropout`); then the validation macro-F1 (over all C labels) and
+    accuracy. Stops after ``patience`` epochs without a strictly better validation macro-F1 (None: run
+    all ``epochs``) and restores the best epoch's weights; the model is left in eval mode. Texts are
+    tokenised once. ``on_epoch`` receives each epoch's record (keys :data:`EPOCH_KEYS`) as it ends — the
+    stage logs it to MLflow; a tqdm bar per epoch shows progress unless ``progress=False``. The same
+    seed and inputs give identical weights on CPU.
+    """
+    name = description or "classifier"
+    if epochs < 1 or batch_size < 1 or eval_batch_size < 1:
+        raise ValueError(f"epochs, batch_size and eval_batch_size must be ≥ 1 (got {epochs}, {batch_size}, "
+                         f"{eval_batch_size})")
+    if patience is not None and patience < 1:
+        raise ValueError(f"patience must be ≥ 1 or None, got {patience}")
+    if not len(train_texts):
+        raise DegenerateClientError(f"{name}: no training texts")
+    if not len(val_texts):
+        raise DegenerateClientError(f"{name}: no validation texts (early stopping needs them)")
+    y_train = _label_array(train_labels, len(train_texts), clf.n_labels, f"{name} train_labels")
+    y_val = _label_array(val_labels, len(val_texts), clf.n_labels, f"{name} val_labels")
+
+    features = clf.pretokenize(train_texts)
+    val_features = clf.pretokenize(val_texts)
+    device = clf.device
+    targets = torch.as_tensor(y_train, device=device)
+    order_rng = torch.Generator().manual_seed(int(seed))
+    dropout_rng = torch.Generator(device=device).manual_seed(
+        int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(int(seed) + 1))))
+    optimizer = _adamw(clf.model, lr, weight_decay)
+
+    history: list[dict] = []
+    best_score, best_epoch, best_state, since_best = -np.inf, 0, None, 0
+    n = len(features)
+    n_batches = (n + batch_size - 1) // batch_size
+    with seeded_dropout(clf.model, dropout_rng):
+        for epoch in range(1, epochs + 1):
+            start_time = time.perf_counter()
+            clf.model.train()
+            order = torch.randperm(n, generator=order_rng).tolist()
+            loss_sum = 0.0
+            bar = tqdm(range(0, n, batch_size), total=n_batches, unit="batch", leave=False, disable=not progress,
+                       desc=f"{name} epoch {epoch}/{epochs}")
+            for start in bar:
+                idx = order[start:start + batch_size]
+                logits = clf.logits(clf.collate([features[i] for i in idx]))
+                loss = F.cross_entropy(logits, targets[idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                loss_sum += float(loss.detach()) * len(idx)
+                bar.set_postfix(loss=f"{loss_sum / min(start + batch_size, n):.4f}")
+            bar.close()
+            probs = clf.predict_proba_features(val_features, batch_size=eval_batch_size)
+            record = {"epoch": epoch, "train_loss": loss_sum / n,
+                      "val_macro_f1": macro_f1(y_val, probs, n_labels=clf.n_labels),
+                      "val_accuracy": accuracy(y_val, probs),
+                      "seconds": time.perf_counter() - start_time}
+            history.append(record)
+            if on_epoch is not None:
+                on_epoch(dict(record))
+            if record["val_macro_f1"] > best_score:
+                best_score, best_epoch, since_best = record["val_macro_f1"], epoch, 0
+                best_state = {k: v.detach().clone() for k, v in clf.model.state_dict().items()}
+            else:
+                since_best += 1
+            if patience is not None and since_best >= patience and epoch < epochs:
+                break
+    clf.model.load_state_dict(best_state)
+    clf.model.eval()
+    return TrainResult(best_epoch=best_epoch, best_score=float(best_score), history=history)
+
+
+def predict_labels(clf: TextClassifier, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:
+    """Argmax label index (0..C−1, int64) of every text — the hard predictions scored by macro-F1 and
+    accuracy (KNOT tables 1–4)."""
+    return clf.predict_proba(texts, batch_size=batch_size).argmax(axis=1).astype(np.int64)

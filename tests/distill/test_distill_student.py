@@ -1,0 +1,87 @@
+"""The server-side distillation loop (eq. 3) against closed-form minimisers, with a student whose output does
+not depend on the input (logits = a free parameter vector), so eq. 3 has a known optimum:
+
+- KL ("Entropy"): Σ_k w̄_k KL(q_k || p) is minimised by the mixture p* = Σ_k w̄_k q_k;
+- Sinkhorn on SA's 1-D label line with ε → 0: Σ_k w̄_k W1(p, q_k) is minimised where p's CDF is the
+  weighted median of the teachers' CDFs at every level — with weights (¼, ¾) that is teacher 2 itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from otfed.distill.label_space import LabelSpace
+from otfed.distill.student import distill_student, ensemble_weights
+from otfed.federation.knot import bias_message, client_messages, teacher_ensemble
+
+
+class ConstantStudent:
+    """A "classifier" whose logits are one trainable vector, the same for every text."""
+
+    def __init__(self, n_labels: int) -> None:
+        self.model = torch.nn.Module()
+        self.model.theta = torch.nn.Parameter(torch.zeros(n_labels))
+
+    def pretokenize(self, texts):
+        return [{"input_ids": [0]} for _ in texts]
+
+    def collate(self, features):
+        return {"n": len(features)}
+
+    def logits(self, batch):
+        return self.model.theta.expand(batch["n"], -1)
+
+    def probs(self) -> np.ndarray:
+        return torch.softmax(self.model.theta.detach(), -1).numpy()
+
+
+Q1 = np.array([0.70, 0.20, 0.05, 0.03, 0.02])
+Q2 = np.array([0.02, 0.03, 0.05, 0.20, 0.70])
+
+
+def _ensemble(n: int = 64, sizes=(100, 300)):
+    msgs = [*client_messages("t1", np.tile(Q1, (n, 1)), sizes[0]), *client_messages("t2", np.tile(Q2, (n, 1)),
+                                                                                      sizes[1])]
+    return teacher_ensemble(msgs), [f"text {i}" for i in range(n)]
+
+
+def test_kl_distillation_reaches_the_weighted_mixture() -> None:
+    ens, texts = _ensemble()
+    weights = ensemble_weights(ens, "D")
+    np.testing.assert_allclose(weights[0], [0.25, 0.75])
+    student = ConstantStudent(5)
+    history = distill_student(student, texts, ens, weights, kind="kl", epochs=60, batch_size=16, lr=0.05,
+                              weight_decay=0.0, progress=False)
+    np.testing.assert_allclose(student.probs(), 0.25 * Q1 + 0.75 * Q2, atol=5e-3)
+    assert history[-1]["loss"] < history[0]["loss"]
+
+
+def test_sinkhorn_distillation_reaches_the_weighted_median_teacher() -> None:
+    ens, texts = _ensemble(n=16)
+    weights = ensemble_weights(ens, "D")
+    student = ConstantStudent(5)
+    cost = LabelSpace.for_task("sa").cost_matrix()
+    distill_student(student, texts, ens, weights, kind="sinkhorn", cost=cost, eps=0.01, epochs=80, batch_size=16,
+                    lr=0.1, weight_decay=0.0, progress=False)
+    p = student.probs()
+    w1_to_q2 = np.abs(np.cumsum(p) - np.cumsum(Q2)).sum()  # W1 on the unit-spaced line = L1 between CDFs
+    w1_to_mixture = np.abs(np.cumsum(p) - np.cumsum(0.25 * Q1 + 0.75 * Q2)).sum()
+    assert w1_to_q2 < 0.08 and w1_to_mixture > 0.5
+
+
+def test_weights_come_from_messages_only() -> None:
+    ens, _ = _ensemble(n=4)
+    with pytest.raises(ValueError, match="needs bias"):
+        ensemble_weights(ens, "E")
+    msgs = [*client_messages("t1", np.tile(Q1, (4, 1)), 1), *client_messages("t2", np.tile(Q2, (4, 1)), 1),
+            bias_message("t1", Q1), bias_message("t2", np.full(5, 0.2))]
+    w = ensemble_weights(teacher_ensemble(msgs), "E")
+    np.testing.assert_allclose(w[:, 0], 0.0, atol=1e-12)  # teacher 1 always predicts its own bias
+    np.testing.assert_allclose(w[:, 1], np.linalg.norm(Q2 - 0.2))
+
+
+def test_mismatched_shapes_are_refused() -> None:
+    ens, texts = _ensemble(n=8)
+    with pytest.raises(ValueError, match="need N texts"):
+        distill_student(ConstantStudent(5), texts[:5], ens, ensemble_weights(ens, "A"), kind="kl", progress=False)

@@ -1,0 +1,72 @@
+"""KNOT's protocol: typed messages, the server's teacher ensemble built from messages only, and their files."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from otfed.errors import DataFileError
+from otfed.federation.knot import (TeacherEnsemble, bias_message, client_messages, load_messages, save_messages,
+                                   teacher_ensemble)
+from otfed.federation.ledger import Channel
+from otfed.federation.messages import SERVER, CountMessage, PredictionMessage
+
+
+def _probs(rng: np.random.Generator, n: int = 7, c: int = 5) -> np.ndarray:
+    return rng.dirichlet(np.ones(c), size=n)
+
+
+def test_ensemble_stacks_predictions_in_the_requested_order() -> None:
+    rng = np.random.default_rng(0)
+    p1, p2 = _probs(rng), _probs(rng)
+    msgs = [*client_messages("a", p1, 10), *client_messages("b", p2, 30),
+            bias_message("b", np.array([0, 0, 1.0, 0, 0])), bias_message("a", np.full(5, 0.2))]
+    ens = teacher_ensemble(msgs, order=["b", "a"])
+    assert ens.names == ("b", "a")
+    np.testing.assert_array_equal(ens.probabilities[:, 0], p2)
+    np.testing.assert_array_equal(ens.probabilities[:, 1], p1)
+    np.testing.assert_array_equal(ens.dataset_sizes, [30, 10])
+    np.testing.assert_array_equal(ens.biases, [[0, 0, 1, 0, 0], [0.2] * 5])
+    sub = ens.subset(["a"])
+    np.testing.assert_array_equal(sub.probabilities[:, 0], p1)
+    assert sub.biases.shape == (1, 5)
+
+
+def test_missing_or_inconsistent_messages_name_the_sender() -> None:
+    rng = np.random.default_rng(1)
+    with pytest.raises(ValueError, match="dataset size received from 'a'"):
+        teacher_ensemble([PredictionMessage(kind="transfer_predictions", sender="a", receiver=SERVER,
+                                            probabilities=_probs(rng))])
+    with pytest.raises(ValueError, match="different shapes"):
+        teacher_ensemble([*client_messages("a", _probs(rng, n=7), 1), *client_messages("b", _probs(rng, n=8), 1)])
+    with pytest.raises(ValueError, match="no probability bias received from \\['b'\\]"):
+        teacher_ensemble([*client_messages("a", _probs(rng), 1), *client_messages("b", _probs(rng), 1),
+                          bias_message("a", np.full(5, 0.2))])
+    with pytest.raises(ValueError, match="predictions must be"):
+        PredictionMessage(kind="x", sender="a", receiver=SERVER, probabilities=np.ones((3, 2)))
+
+
+def test_messages_round_trip_through_their_file(tmp_path) -> None:
+    rng = np.random.default_rng(2)
+    msgs = [*client_messages("a", _probs(rng), 12), bias_message("a", np.array([0.5, 0.5, 0, 0, 0]))]
+    save_messages(tmp_path / "m.npz", msgs)
+    back = load_messages(tmp_path / "m.npz")
+    assert [type(m) for m in back] == [type(m) for m in msgs]
+    assert [(m.kind, m.sender, m.receiver) for m in back] == [(m.kind, m.sender, m.receiver) for m in msgs]
+    np.testing.assert_array_equal(back[0].probabilities, msgs[0].probabilities)
+    assert isinstance(back[1], CountMessage) and back[1].value == 12
+    with pytest.raises(DataFileError, match="m2.npz: message file not found"):
+        load_messages(tmp_path / "m2.npz")
+
+
+def test_ledger_records_only_prediction_sized_payloads() -> None:
+    """Privacy (KNOT §3): what reaches the server is N×C predictions, one count and one C-histogram per
+    client — the byte count is exactly that, so no text, label or weight can ride along."""
+    rng = np.random.default_rng(3)
+    channel = Channel(keep_inbox=True)
+    for name in ("a", "b"):
+        for m in [*client_messages(name, _probs(rng, n=11), 5), bias_message(name, np.full(5, 0.2))]:
+            channel.send(m)
+    inbox = channel.received_by(SERVER)
+    assert channel.ledger.total_bytes == 2 * (11 * 5 * 8 + 8 + 5 * 8)
+    assert {type(m).__name__ for m in inbox} == {"PredictionMessage", "CountMessage", "HistogramMessage"}
+    assert isinstance(teacher_ensemble(inbox), TeacherEnsemble)

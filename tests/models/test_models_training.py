@@ -1,0 +1,139 @@
+"""Supervised training of a text classifier (SPEC §1: "Teachers: cross-entropy … Adam"; KNOT §6)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from otfed.errors import DegenerateClientError
+from otfed.metrics import accuracy, macro_f1
+from otfed.models import EPOCH_KEYS, build_classifier, predict_labels, seeded_dropout, train_classifier
+from otfed.models.training import GeneratorDropout, _seeded_attention
+
+LABELS = ("neg", "pos")
+FAST = dict(batch_size=16, lr=2e-3, progress=False)
+
+
+def weights(clf) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in clf.model.state_dict().items()}
+
+
+def equal(a, b) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_learns_a_separable_task_and_reports_epochs(task, tiny_spec):
+    tr, ytr, va, yva = task
+    clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
+    records = []
+    result = train_classifier(clf, tr, ytr, va, yva, epochs=8, patience=None, seed=0, on_epoch=records.append,
+                              **FAST)
+    assert [r["epoch"] for r in records] == list(range(1, 9))  # once per epoch, in order
+    assert all(tuple(r) == EPOCH_KEYS for r in records)
+    assert records == result.history
+    assert result.best_score == pytest.approx(1.0)
+    # best_score is the validation macro-F1 of the restored weights, recomputed independently
+    predicted = predict_labels(clf, va)
+    assert macro_f1(yva, predicted, n_labels=2) == result.best_score
+    assert records[result.best_epoch - 1]["val_accuracy"] == accuracy(yva, predicted)
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert not clf.model.training
+
+
+def test_early_stopping_restores_the_best_epoch(task, tiny_spec):
+    tr, ytr, va, yva = task
+    clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
+    snapshots = {}
+    result = train_classifier(clf, tr, ytr, va, yva, epochs=30, patience=2, seed=0,
+                              on_epoch=lambda r: snapshots.__setitem__(r["epoch"], weights(clf)), **FAST)
+    # F1 cannot beat 1.0, so training stops `patience` epochs after the first perfect epoch
+    assert result.best_score == 1.0
+    assert result.epochs_run == result.best_epoch + 2 < 30
+    assert equal(weights(clf), snapshots[result.best_epoch])
+    assert not equal(weights(clf), snapshots[result.epochs_run])
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert"])
+def test_same_seed_same_weights_and_no_global_rng(task, tiny_spec, kind):
+    tr, ytr, va, yva = task
+    spec = replace(tiny_spec, kind=kind, dropout=0.3)  # dropout matters
+    runs = []
+    for global_seed, seed in [(1, 5), (2, 5), (1, 6)]:
+        torch.manual_seed(global_seed)  # other threads may move torch's global RNG at any time
+        clf = build_classifier(spec, LABELS, tr, seed=0)
+        result = train_classifier(clf, tr, ytr, va, yva, epochs=2, patience=None, seed=seed, **FAST)
+        runs.append((weights(clf), [r["train_loss"] for r in result.history]))
+    assert equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+    assert not equal(runs[0][0], runs[2][0])
+
+
+def test_bad_inputs(task, tiny_spec):
+    tr, ytr, va, yva = task
+    clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
+    with pytest.raises(ValueError, match="0..1"):
+        train_classifier(clf, tr, [2] * len(tr), va, yva, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="one label per text"):
+        train_classifier(clf, tr, ytr[:-1], va, yva, epochs=1, progress=False)
+    with pytest.raises(DegenerateClientError, match="client 3: no validation texts"):
+        train_classifier(clf, tr, ytr, [], [], epochs=1, progress=False, description="client 3")
+
+
+# --------------------------------------------------------------------------------- seeded dropout
+def test_seeded_dropout_leaves_the_global_rng_alone_and_is_reproducible(task, tiny_spec):
+    clf = build_classifier(replace(tiny_spec, dropout=0.5), LABELS, task[0], seed=0)
+    batch = clf.encode(task[0][:8])
+    clf.model.eval()
+    with torch.no_grad():
+        plain = clf.logits(batch)
+    clf.model.train()
+    outputs = []
+    for _ in range(2):
+        with torch.no_grad(), seeded_dropout(clf.model, torch.Generator().manual_seed(3)):
+            swapped = [m for m in clf.model.modules() if isinstance(m, GeneratorDropout)]
+            assert len(swapped) == 5  # embeddings, attention probs, attention output, layer output, classifier
+            before = torch.get_rng_state()
+            outputs.append(clf.logits(batch))
+            assert torch.equal(before, torch.get_rng_state())
+    assert torch.equal(outputs[0], outputs[1])
+    assert not torch.allclose(outputs[0], plain)  # dropout was active
+    assert not any(isinstance(m, GeneratorDropout) for m in clf.model.modules())  # everything put back
+    assert clf.model.config._attn_implementation == "sdpa"
+    clf.model.eval()
+
+
+def test_seeded_attention_matches_sdpa_when_nothing_is_dropped():
+    # With p → 0 the explicit (dropout-capable) path must equal transformers' SDPA attention, padding mask included.
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=g) for _ in range(3))
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    mask[1, :, :, 3:] = False  # the second sequence has two padding tokens
+    module = nn.Module()
+    module.dropout = GeneratorDropout(1e-12, torch.Generator().manual_seed(1))
+    module.is_causal = False
+    module.train()
+    got, _ = _seeded_attention(module, q, k, v, mask, dropout=1e-12, scaling=0.5)
+    expected, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=0.5)
+    torch.testing.assert_close(got, expected)
+
+
+def test_parallel_threads_train_as_if_alone(task, tiny_spec):
+    # Stages train parties in threads of one process: a party's weights must not depend on the others.
+    tr, ytr, va, yva = task
+    spec = replace(tiny_spec, dropout=0.3)
+
+    def train(seed: int) -> dict[str, torch.Tensor]:
+        clf = build_classifier(spec, LABELS, tr, seed=seed)
+        train_classifier(clf, tr, ytr, va, yva, epochs=2, patience=None, seed=seed, **FAST)
+        return weights(clf)
+
+    alone = train(5)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        together = list(pool.map(train, [5, 6]))
+    assert equal(together[0], alone)
+    assert not equal(together[1], alone)
