@@ -95,7 +95,8 @@ def ensemble_loss(
       are divided by their sum, as in the papers' appendix E.
     - ``kind``: "sinkhorn" — T = entropic OT transport cost on the label support with ground ``cost``
       (a C×C tensor or a :class:`LabelSpace`) and regularisation ``eps`` (``sinkhorn_options`` go to
-      :func:`otfed.distill.sinkhorn.sinkhorn_histogram_loss`, e.g. ``value="regularized"``); or "kl" —
+      :func:`otfed.distill.sinkhorn.sinkhorn_histogram_loss`, e.g. ``value="regularized"``, or
+      ``threads=None`` to solve with torch's intra-op thread setting instead of one thread); or "kl" —
       T = KL(h_k(x) || h_θ(x)), the "Entropy" baseline.
     - ``reduction``: "mean" (a scalar) or "none" (the B per-sample losses).
     """

@@ -76,6 +76,22 @@ def test_normalised_gradient_is_the_weighted_mean_of_dual_potentials_appendix_e(
     assert torch.allclose(x.grad, expected, atol=1e-10)
 
 
+@pytest.mark.parametrize("eps", [0.1, 0.01])
+def test_sinkhorn_loss_gradient_wrt_student_logits_matches_finite_differences(eps):
+    """The training path: logits → softmax → eq. 3 with the transport cost (implicit gradient)."""
+    _, teachers, weights = _batch(5)
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(4, 5, generator=g, dtype=F64)
+    loss = lambda z: ensemble_loss(torch.softmax(z, -1), teachers, weights, cost=SA, eps=eps, tol=1e-13)
+    z = logits.clone().requires_grad_(True)
+    loss(z).backward()
+    for _ in range(3):
+        direction = torch.randn(logits.shape, generator=g, dtype=F64)
+        h = 1e-6
+        fd = (loss(logits + h * direction) - loss(logits - h * direction)) / (2 * h)
+        assert float(abs(fd - (z.grad * direction).sum())) <= 1e-7 * (1 + float(z.grad.norm() * direction.norm()))
+
+
 def test_weights_are_constants_and_all_zero_weights_give_zero_loss():
     student, teachers, weights = _batch(3)
     w = weights.clone().requires_grad_(True)

@@ -147,6 +147,65 @@ def test_gradient_matches_central_finite_differences(task, eps, value):
         assert float(abs(fd - ad)) <= 1e-6 * (1 + float(x.grad.norm() * direction.norm()))
 
 
+@pytest.mark.parametrize("value", ["transport", "regularized"])
+@pytest.mark.parametrize("eps", [0.1, 0.01])
+@pytest.mark.parametrize("task", ["sa", "nli"])
+def test_gradient_wrt_teacher_histograms_matches_central_finite_differences(task, eps, value):
+    """∂/∂ν: the implicit derivative w of the transport cost (M w = h), the potential g for eq. 1."""
+    C = LabelSpace.for_task(task).cost_matrix()
+    n = C.shape[0]
+    p, q = _histograms(n, 3, 2, seed=12)
+    g = torch.Generator().manual_seed(13)
+    weights = torch.randn(3, 2, generator=g, dtype=F64)
+    loss = lambda y: (sinkhorn_histogram_loss(p, y, C, eps, value=value, tol=1e-13) * weights).sum()
+    y = q.clone().requires_grad_(True)
+    loss(y).backward()
+    for _ in range(3):
+        direction = torch.randn(q.shape, generator=g, dtype=F64)
+        direction -= direction.mean(-1, keepdim=True)
+        h = 1e-6
+        fd = (loss(q + h * direction) - loss(q - h * direction)) / (2 * h)
+        ad = (y.grad * direction).sum()
+        assert float(abs(fd - ad)) <= 1e-6 * (1 + float(y.grad.norm() * direction.norm()))
+
+
+def test_label_groups_that_must_exchange_a_tiny_mass_converge():
+    """On SA's line the CDFs of μ and ν differ by only δ = 1e-8 at the cut between labels 2 and 3 (and
+    between 4 and 5), so the plan must send δ across it: at ε = 1e-3 the potentials of the two groups
+    must move apart by many ε along a direction where J is flat to working precision (a solver taking
+    ε-sized steps there needs hundreds of them)."""
+    C = LabelSpace.for_task("sa").cost_matrix()
+    delta = 1e-8
+    p = torch.tensor([[0.3, 0.2, 0.15, 0.15, 0.2]], dtype=F64)
+    q = torch.tensor([[0.2, 0.3 + delta, 0.25, 0.05, 0.2 - delta]], dtype=F64)
+    r = entropic_histogram_transport(p, q, C, 1e-3, n_iter=60)
+    assert r.converged and float(r.marginal_error.max()) <= 1e-9
+    exact = float(_exact_w1(p, q[:, None, :], C, "sa"))  # |F_μ − F_ν| summed: 0.1 + δ + (0.1 + δ) + δ
+    assert exact == pytest.approx(0.2 + 3 * delta, abs=1e-15)
+    bound = 1e-3 * min(_entropy(p[0]), _entropy(q[0]))
+    assert -4 * 1e-9 <= float(r.cost) - exact <= bound + 4 * 1e-9
+    assert float(r.plan[0, 2:, :2].sum()) == pytest.approx(delta, rel=0.05)  # the mass crossing the cut
+
+
+def test_solve_runs_on_its_own_thread_setting_and_restores_the_callers():
+    C = LabelSpace.for_task("sa").cost_matrix()
+    p, q = _histograms(5, 4, 2, seed=14)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        reference = sinkhorn_histogram_loss(p, q, C, 1e-2)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        for threads in (2, None):
+            value = sinkhorn_histogram_loss(p, q, C, 1e-2, threads=threads)
+            assert torch.get_num_threads() == 1
+            np.testing.assert_allclose(value.numpy(), reference.numpy(), atol=1e-12)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads"):
+        sinkhorn_histogram_loss(p, q, C, 1e-2, threads=0)
+
+
 def test_regularized_gradient_is_the_dual_potential_appendix_e():
     """Appendix E, Algorithm 1 line 10: ∂T_ε/∂h_θ(x) = f (here projected on the simplex: f − ⟨μ, f⟩)."""
     C = LabelSpace.for_task("nli").cost_matrix()
