@@ -23,8 +23,11 @@ pipeline: setup   ## FORCE=1 recomputes every stage (and logs every stage to MLf
 test: setup
 	python -m pytest
 
-bench: setup
+bench: setup   ## every benchmark → reports/bench/ (tens of minutes; not part of the tests)
 	python -m bench.fedwad_speed
+	python -m bench.distill_speed
+	python -m bench.distill_step
+	python -m bench.fedbary_scaling
 
 clean-runs:  ## forget local MLflow / Prefect history (not the DVC outputs)
 	rm -rf mlruns.db mlartifacts .prefect

@@ -2,8 +2,9 @@
 
 FedBary §5 (SPEC §3): client contributions for cases 1–5 by FedBary (with and without a server
 validation set) next to FedAvg-utility exact Shapley, leave-one-out and Monte-Carlo Shapley (fig. 4), the
-barycenter-distance histogram for 4 clean clients + 1 noisy client, and datum-level detection of planted
-label / feature noise with point-removal curves (fig. 5).
+barycenter-distance histogram for 4 clean clients + 1 noisy client, datum-level detection of planted
+label / feature noise with point-removal curves (fig. 5), and duplication robustness (table 3: a client's
+whole dataset or one datum duplicated; exact W next to FedBary's estimate).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from otfed.orchestration import fan_out, stage_flow
 contribution_task = task(name="client-contributions", cache_policy=NO_CACHE)(exp.client_contributions)
 outlier_task = task(name="outlier-distances", cache_policy=NO_CACHE)(exp.outlier_distances)
 detection_task = task(name="detection-setting", cache_policy=NO_CACHE)(exp.detection_setting)
+duplication_task = task(name="duplication-robustness", cache_policy=NO_CACHE)(exp.duplication_robustness)
 
 
 def barycenter_valuation_flow_factory(params: Params) -> Any:
@@ -37,10 +39,12 @@ def barycenter_valuation_flow_factory(params: Params) -> Any:
 
 
 def barycenter_valuation(params: dict) -> dict:
-    """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5)."""
+    """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5),
+    duplication robustness (table 3)."""
     p = Params.model_validate(params)
     if p.barycenter_valuation is None:
         raise ConfigError("params.yaml: barycenter_valuation: required key is missing")
+    check_duplication(p)
     read = groups(p, "run", "barycenter_valuation")
     # FedAvg's torch_threads(1) toggles a process-wide setting; concurrent Prefect tasks would race on it and
     # occasionally train with 2 threads (different float reductions → different accuracies). Pin it once.
@@ -52,6 +56,7 @@ def barycenter_valuation(params: dict) -> dict:
         metrics["contributions"] = _contributions(p, seed, run, out)
         metrics["outlier"] = _outlier(p, seed, run, out)
         metrics["detection"] = _detection(p, seed, run, out)
+        metrics["duplication"] = _duplication(p, seed, run, out)
         io.write_json(metrics, out / "metrics.json")
         run.log_metrics(tracking.flat_metrics(metrics))
         run.log_artifact(out / "metrics.json")
@@ -176,4 +181,56 @@ def _detection(p: Params, seed: int, run: tracking.TrackedRun, out: Path) -> dic
             for method, line in curves[(curves.kind == kind) & (curves.rate == rate)].groupby("method"):
                 for r in line.itertuples():
                     child.log_metrics({f"removal_accuracy.{method}": r.accuracy}, step=int(r.removed))
+    return summary
+
+
+# ---------------------------------------------------------------------------------------- duplication
+def check_duplication(p: Params) -> None:
+    """``barycenter_valuation.duplication`` names a federation with a server test split larger than its
+    validation set and a client it has; ConfigError naming the key otherwise (before any work starts)."""
+    assert p.barycenter_valuation is not None
+    cfg = p.barycenter_valuation.duplication
+    key = "barycenter_valuation.duplication"
+    known = p.partition.federations
+    if cfg.federation not in known:
+        raise ConfigError(f"{key}.federation: unknown federation {cfg.federation!r}; defined: {sorted(known)}")
+    spec = known[cfg.federation]
+    if spec.scheme == "by_dataset":
+        raise ConfigError(f"{key}.federation: {cfg.federation!r} has scheme 'by_dataset' (no server test split)")
+    if cfg.validation_samples >= spec.test_samples:
+        raise ConfigError(f"{key}.validation_samples ({cfg.validation_samples}) must be smaller than "
+                          f"partition.federations.{cfg.federation}.test_samples ({spec.test_samples})")
+    if cfg.client >= getattr(spec, "n_clients", 0):
+        raise ConfigError(f"{key}.client: {cfg.client} ≥ n_clients of {cfg.federation!r} "
+                          f"({getattr(spec, 'n_clients', 0)})")
+
+
+def _duplication(p: Params, seed: int, run: tracking.TrackedRun, out: Path) -> dict:
+    bv = p.barycenter_valuation
+    assert bv is not None
+    cfg = bv.duplication
+    fed = exp.project_federation(_load(cfg.federation, p), bv.pca_components, seed)
+    validation, _ = exp.server_split(fed, cfg.validation_samples)
+    rows, spread = fan_out(duplication_task, [dict(
+        clients=exp.client_sets(fed), validation=validation, client=cfg.client, copies=cfg.copies,
+        datum_copies=cfg.datum_copies, config=exp.fedbary_config(bv.fedbary), potential=bv.fedbary.potential,
+        seed=seed, seed_repeats=cfg.seed_repeats)])[0]
+    table = pd.DataFrame(rows)
+    run.log_table(table, out / "duplication.csv")
+    run.log_figure(figs.duplication_figure(table, spread), out / "duplication.png")
+    dataset = table[table.experiment == "dataset"]
+    summary: dict[str, Any] = {"federation": cfg.federation, "client": fed.client_names[cfg.client],
+                               "exact_w": float(table.exact_w.iloc[0])}
+    for stats, sub in dataset.groupby("stats", sort=False):
+        for col in ("exact_w", "fedbary_validation", "fedbary_barycenter"):
+            summary[f"dataset_{stats}_max_abs_rel_change_{col}"] = float(sub[f"{col}_rel_change"].abs().max())
+    for r in table[table.experiment == "datum"].itertuples():
+        for col in ("exact_w", "fedbary_validation", "fedbary_barycenter"):
+            summary[f"datum_{r.datum}_rel_change_{col}"] = float(getattr(r, f"{col}_rel_change"))
+        summary[f"datum_{r.datum}_calibrated_gradient"] = float(r.datum_value)
+    for mode, values in spread.items():
+        if len(values) > 1:
+            summary[f"seed_cv_{mode}"] = float(np.std(values, ddof=1) / np.mean(values))
+    with run.child("duplication", tags={"federation": cfg.federation}) as child:
+        child.log_metrics({k: v for k, v in summary.items() if isinstance(v, float)})
     return summary

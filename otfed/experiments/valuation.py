@@ -10,6 +10,8 @@ returning table rows.
   client-side potentials vs LAVA, KNN-Shapley, leave-one-out (KNN utility) and random; precision / recall /
   F1 of the flags and point-removal curves.
 * :func:`removal_experiment` — FedBary table 4: every client drops what it flags, FedAvg before vs after.
+* :func:`duplication_robustness` — FedBary table 3: one client's whole dataset duplicated, or one of its
+  data duplicated, with the exact W_2 (POT's network simplex) next to FedBary's estimate.
 
 Each function is one unit of fan-out work (a Prefect task in ``flows/``). Inputs are arrays, never files.
 Score convention for detection: a *suspicion* per datum, larger = more likely noisy (FedBary / LAVA
@@ -24,13 +26,17 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
+import ot
 from scipy.stats import spearmanr
 
 from otfed.data.corruption import add_feature_noise, flip_labels
 from otfed.data.features import fit_pca, reduce_features
 from otfed.data.store import FederationData
-from otfed.federation.fedbary import FedBaryConfig, contribution_percent, federated_valuation
-from otfed.federation.otdd import LabelledData
+from otfed.errors import OTConvergenceError
+from otfed.federation.fedbary import (BaryClient, BaryServer, FedBaryConfig, FedBaryResult, contribution_percent,
+                                      fedbary, federated_valuation)
+from otfed.federation.otdd import LabelledData, augmented_measure
+from otfed.ot import Measure, cost_matrix
 from otfed.fl.fedavg import evaluate, fedavg, init_state
 from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, PermutationShapley, ValuationData,
                              detection_scores, flag_noisy, point_removal_curve)
@@ -345,7 +351,151 @@ def contribution_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, list
     return out
 
 
+# -------------------------------------------------------------------------------------- duplication
+def repeated_dataset(measure: Measure, copies: int) -> Measure:
+    """``measure`` with every atom repeated ``copies`` times (a client's whole dataset duplicated
+    copies − 1 times), each copy carrying 1/copies of the atom's mass. It is the same measure, so
+    W_p(·, Q) is unchanged for every Q — the invariance of FedBary table 3."""
+    if copies < 1:
+        raise ValueError(f"copies must be ≥ 1, got {copies}")
+    return Measure(np.tile(measure.support, (copies, 1)), np.tile(measure.weights, copies) / copies)
+
+
+def repeated_datum(measure: Measure, index: int, copies: int) -> Measure:
+    """The uniform measure on a client's n data with datum ``index`` appearing ``copies`` times
+    (duplicated copies − 1 times): n + copies − 1 atoms of mass 1/(n + copies − 1). ``measure`` must be
+    uniform (an empirical measure)."""
+    n = measure.n
+    if not 0 <= index < n:
+        raise ValueError(f"datum index {index} is out of range for a measure with {n} atoms")
+    if copies < 1:
+        raise ValueError(f"copies must be ≥ 1, got {copies}")
+    if not np.allclose(measure.weights, 1.0 / n, rtol=1e-9, atol=0.0):
+        raise ValueError("repeated_datum needs a uniform (empirical) measure")
+    extra = np.repeat(measure.support[index:index + 1], copies - 1, axis=0)
+    return Measure.uniform(np.vstack([measure.support, extra]))
+
+
+def mass_moved_by_duplication(n: int, copies: int) -> float:
+    """δ such that duplicating one of n uniform data to ``copies`` copies moves mass δ to it from all
+    other data equally: its weight goes 1/n → 1/n + δ = copies/(n + copies − 1), every other datum's
+    1/n → 1/n − δ/(n − 1). δ = (n − 1)(copies − 1) / (n (n + copies − 1)).
+
+    This is the direction of the calibrated gradient g_l (FedBary eq. 10), and W_p^p is convex in the
+    weights with the optimal dual potential as a subgradient, so ΔW_p^p ≥ δ · g_l for exact duals."""
+    if n < 2 or copies < 1:
+        raise ValueError(f"need n ≥ 2 data and copies ≥ 1, got n={n}, copies={copies}")
+    return (n - 1) * (copies - 1) / (n * (n + copies - 1))
+
+
+def exact_wasserstein(mu: Measure, nu: Measure, p: int = 2, num_itermax: int = 100_000_000) -> float:
+    """W_p(μ, ν) by POT's network simplex (``ot.emd2`` on ``ot.dist``'s ground cost ||x − y||^p), with a
+    large ``num_itermax`` and its optimality flag checked (:class:`OTConvergenceError` otherwise). An
+    independent reference for FedBary's estimate (it shares no code with otfed's solvers)."""
+    if p not in (1, 2):
+        raise ValueError(f"p must be 1 or 2, got {p}")
+    M = ot.dist(mu.support, nu.support, metric="sqeuclidean" if p == 2 else "euclidean")
+    value, log = ot.emd2(mu.weights, nu.weights, M, numItermax=int(num_itermax), log=True)
+    if int(log.get("result_code", 1)) != 1:
+        raise OTConvergenceError(f"ot.emd2 stopped before optimality on a {mu.n}×{nu.n} problem "
+                                 f"({log.get('warning')}); raise num_itermax")
+    return float(max(float(value), 0.0) ** (1.0 / p))
+
+
+def fedbary_on_measures(measures: Sequence[Measure], names: Sequence[str], config: FedBaryConfig,
+                        target: Measure | None = None, seed: int = 0, datum_values: bool = False,
+                        potential: str = "sinkhorn") -> FedBaryResult:
+    """FedBary Algorithm 1 on clients given as (already label-augmented) measures, seeded exactly as
+    :func:`~otfed.federation.fedbary.federated_valuation` (same ``seed`` and measures → same numbers), so
+    that runs on modified measures share every random draw (γ_i^(0), X̃_Q^(0), the t's) with the original."""
+    seeds = np.random.SeedSequence(seed).spawn(len(measures) + 1)
+    clients = [BaryClient(name, m, config, np.random.default_rng(s)) for name, m, s in zip(names, measures, seeds)]
+    server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
+    return fedbary(clients, server, datum_values=datum_values, potential=potential)  # type: ignore[arg-type]
+
+
+def duplication_robustness(clients: list[LabelledData], validation: LabelledData, client: int,
+                           copies: Sequence[int], datum_copies: int, config: FedBaryConfig, potential: str,
+                           seed: int, seed_repeats: int = 0) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """FedBary table 3: the distance of client ``client`` to the target Q (the server's validation set) and
+    to the federated barycenter when its data are duplicated — exact W_p(P_i, Q) (:func:`exact_wasserstein`)
+    next to FedBary's estimates; every FedBary run uses the same seed (common random numbers), so a
+    change is caused by the input, not by the random draws.
+
+    Rows (``experiment``):
+    * ``dataset``: the whole dataset appears ``copies`` times. ``stats="original"``: the client's augmented
+      measure P_i (class statistics of its original data) with every atom repeated — the same measure, so
+      the exact W is unchanged. ``stats="refit"``: the client duplicates its raw rows and re-estimates its
+      class statistics on them; the unbiased covariances (÷ (n_c − 1)) then shrink by (n_c − 1)/n_c ·
+      k n_c/(k n_c − 1), so the augmented points — and the exact W — move by O(1/n_c).
+    * ``datum``: one datum appears ``datum_copies`` times (original statistics): the most valuable datum
+      (most negative FedBary calibrated gradient g, eq. 10, computed client-side against η_{Q_i} in the run
+      on the original data: moving mass to it decreases the distance) and the most harmful one (largest g).
+      ``wp_change_first_order_bound`` = δ · g_l with exact (network-simplex) duals of W_p^p(P_i, Q), a lower
+      bound on the exact ``exact_wp_change`` by convexity (:func:`mass_moved_by_duplication`).
+
+    ``*_rel_change``: (value − value on the original data) / value on the original data. Also returns the
+    client's FedBary distances for seeds seed, …, seed + seed_repeats − 1 on the original data (the
+    estimate's seed-to-seed spread, to judge the size of a change)."""
+    from otfed.valuation.calibrated import datum_values as calibrated_values
+
+    if not 0 <= client < len(clients):
+        raise ValueError(f"client index {client} is out of range for {len(clients)} clients")
+    if not copies or min(copies) < 1 or datum_copies < 1:
+        raise ValueError(f"copies must be ≥ 1, got copies={list(copies)}, datum_copies={datum_copies}")
+    measures = [augmented_measure(c, diagonal=config.diagonal) for c in clients]
+    target = augmented_measure(validation, diagonal=config.diagonal)
+    names = [c.name for c in clients]
+    own = clients[client]
+
+    def evaluate(measure: Measure) -> dict[str, Any]:
+        current = list(measures)
+        current[client] = measure
+        val = fedbary_on_measures(current, names, config, target, seed)
+        bary = fedbary_on_measures(current, names, config, None, seed)
+        return dict(atoms=measure.n, exact_w=exact_wasserstein(measure, target, config.p),
+                    fedbary_validation=float(val.distances[client]), fedbary_barycenter=float(bary.distances[client]),
+                    percent_validation=float(val.contributions[client]),
+                    percent_barycenter=float(bary.contributions[client]))
+
+    base_run = fedbary_on_measures(measures, names, config, target, seed, datum_values=True, potential=potential)
+    g = base_run.datum_values[own.name]  # type: ignore[index]
+    base = evaluate(measures[client])
+    keys = ("exact_w", "fedbary_validation", "fedbary_barycenter")
+
+    def row(experiment: str, stats: str, n_copies: int, result: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        out = dict(experiment=experiment, stats=stats, datum="", datum_index=-1, datum_value=float("nan"),
+                   copies=n_copies) | extra | result
+        for k in keys:
+            out[f"{k}_rel_change"] = (result[k] - base[k]) / base[k]
+        return out
+
+    rows: list[dict[str, Any]] = []
+    for stats in ("original", "refit"):
+        for k in copies:
+            if stats == "original":
+                measure = repeated_dataset(measures[client], k)
+            else:
+                refit = LabelledData(own.name, np.tile(own.x, (k, 1)), np.tile(own.y, k))
+                measure = augmented_measure(refit, diagonal=config.diagonal)
+            rows.append(row("dataset", stats, k, evaluate(measure)))
+    exact_f = calibrated_values(measures[client], target, p=config.p, potential="exact")
+    delta = mass_moved_by_duplication(measures[client].n, datum_copies)
+    for label, index in (("most_valuable", int(np.argmin(g))), ("most_harmful", int(np.argmax(g)))):
+        result = evaluate(repeated_datum(measures[client], index, datum_copies))
+        rows.append(row("datum", "original", datum_copies, result, datum=label, datum_index=index,
+                        datum_value=float(g[index]))
+                    | dict(exact_wp_change=result["exact_w"] ** config.p - base["exact_w"] ** config.p,
+                           wp_change_first_order_bound=delta * float(exact_f[index])))
+    spread: dict[str, list[float]] = {"fedbary_validation": [], "fedbary_barycenter": []}
+    for r in range(seed_repeats):
+        for mode, tgt in (("fedbary_validation", target), ("fedbary_barycenter", None)):
+            spread[mode].append(float(fedbary_on_measures(measures, names, config, tgt, seed + r).distances[client]))
+    return rows, spread
+
 __all__ = ["CONTRIBUTION_METHODS", "DETECTION_METHODS", "client_contributions", "client_sets",
-           "contribution_percent", "detection_setting", "fedavg_accuracy", "fedbary_config", "knn_leave_one_out", "fedavg_utility", "n_classes_of",
-           "outlier_distances", "percent_of_total", "plant_noise", "project_federation", "rank_agreement",
-           "removal_experiment", "server_split", "suspicion_scores"]
+           "contribution_percent", "detection_setting", "duplication_robustness", "exact_wasserstein",
+           "fedavg_accuracy", "fedbary_config", "fedbary_on_measures", "knn_leave_one_out", "fedavg_utility",
+           "mass_moved_by_duplication", "n_classes_of", "outlier_distances", "percent_of_total", "plant_noise",
+           "project_federation", "rank_agreement", "removal_experiment", "repeated_dataset", "repeated_datum",
+           "server_split", "suspicion_scores"]

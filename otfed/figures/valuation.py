@@ -125,3 +125,43 @@ def removal_figure(table: pd.DataFrame) -> plt.Figure:
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+DUPLICATION_SERIES = (("exact_w", "exact W (POT emd)", "black"), ("fedbary_validation", "FedBary, Q = validation",
+                                                                   "tab:blue"),
+                      ("fedbary_barycenter", "FedBary, Q = barycenter", "tab:cyan"))
+
+
+def duplication_figure(table: pd.DataFrame, spread: dict[str, list[float]] | None = None) -> plt.Figure:
+    """FedBary table 3 as a figure: (left) the client's distance vs how many times its whole dataset
+    appears (solid: the same measure; dashed: class statistics re-estimated on the duplicated rows);
+    (right) relative change (%) of each distance when one datum is duplicated. ``spread``: FedBary's
+    distances over several seeds on the original data, quoted as a coefficient of variation."""
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    ax = axes[0]
+    dataset = table[table.experiment == "dataset"]
+    for stats, ls in (("original", "-"), ("refit", "--")):
+        sub = dataset[dataset.stats == stats].sort_values("copies")
+        for col, label, color in DUPLICATION_SERIES:
+            ax.plot(sub.copies, sub[col], ls=ls, marker="o" if stats == "original" else "x", color=color,
+                    label=f"{label} ({'same measure' if stats == 'original' else 'stats refitted'})")
+    ax.set_xticks(sorted(dataset.copies.unique()))
+    ax.set(xlabel="copies of the client's dataset", ylabel="$W_2(P_i, Q)$", title="whole dataset duplicated")
+    ax.legend(fontsize=6)
+    ax = axes[1]
+    datum = table[table.experiment == "datum"]
+    width = 0.8 / len(DUPLICATION_SERIES)
+    for j, (col, label, color) in enumerate(DUPLICATION_SERIES):
+        cv = ""
+        if spread and len(spread.get(col, [])) > 1:
+            vals = np.asarray(spread[col])
+            cv = f" (seed sd {100 * vals.std(ddof=1) / vals.mean():.1f}%)"
+        ax.bar(np.arange(len(datum)) + (j - 1) * width, 100 * datum[f"{col}_rel_change"], width, color=color,
+               label=label + cv)
+    ax.axhline(0, color="k", lw=0.6)
+    copies = int(datum.copies.iloc[0]) if len(datum) else 0
+    ax.set_xticks(range(len(datum)), [f"{d.replace('_', ' ')}\n(g = {v:.3g})" for d, v in zip(datum.datum, datum.datum_value)])
+    ax.set(ylabel="relative change of the distance (%)", title=f"one datum × {copies} copies")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig

@@ -1,24 +1,14 @@
-"""Shared fixtures for the text-classifier tests: one torch thread (on a shared 2-core machine torch's
-intra-op threads waiting on each other make these small models ~10× slower), a tiny separable
-sentiment task, and a tiny model spec."""
+"""Shared fixtures for the text-classifier tests: a tiny separable sentiment task and a tiny model spec
+(one torch thread per test comes from tests/conftest.py)."""
 from __future__ import annotations
 
 import random
 
 import pytest
-import torch
 
 from otfed.models import ModelSpec
 
 FILLER = "the a movie film plot actor scene story was is it this very quite and of".split()
-
-
-@pytest.fixture(autouse=True)
-def single_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def separable_task(n: int, seed: int) -> tuple[list[str], list[int]]:

@@ -1,7 +1,8 @@
 """Stages ``barycenter_valuation`` and ``noisy_removal`` on tiny params, checked against independent truths:
 contributions sum to 100 %, exact Shapley is efficient (Σ φ = u(N) − u(∅), recomputed here), a client
 whose every sample carries heavy feature noise is the farthest from the barycenter, feature-noise recall
-is high, removal never drops more than was flagged, and every table / figure reaches MLflow."""
+is high, removal never drops more than was flagged, duplicating a client's dataset leaves POT's exact W
+unchanged, and every table / figure reaches MLflow."""
 from __future__ import annotations
 
 import copy
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import ot
 import pandas as pd
 import pytest
 
@@ -19,6 +21,7 @@ from flows.partition import partition
 from otfed.config import validate_params
 from otfed.data.store import load_federation
 from otfed.errors import ConfigError
+from otfed.federation.otdd import augmented_measure
 from otfed.valuation import LeaveOneOut, ValuationData, knn_utility
 from otfed.experiments import valuation as exp
 from tests.stages.conftest import tiny_params
@@ -47,6 +50,8 @@ def valuation_params(root: Path) -> dict:
         "detection": {"federation": "fclean", "kinds": ["label", "feature"], "rates": [0.3], "validation_samples": 100,
                       "noise_std": 3.0,
                       "removal_step": 0.1, "removal_max_fraction": 0.3},
+        "duplication": {"federation": "c1", "client": 1, "copies": [1, 2, 3], "datum_copies": 5,
+                        "validation_samples": 60, "seed_repeats": 2},
     }
     params["noisy_removal"] = {
         "out_dir": str(root / "reports" / "removal"), "federations": ["fnoisy"], "pca_components": 8,
@@ -77,10 +82,11 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     out = Path(vparams["barycenter_valuation"]["out_dir"])
     expected = {"contributions.csv", "contributions.md", "contributions_wide.csv", "contributions.png",
                 "method_agreement.csv", "outlier_distances.csv", "outlier_histogram.png", "detection.csv",
-                "detection.png", "removal_curves.csv", "removal_curves.png", "metrics.json"}
+                "detection.png", "removal_curves.csv", "removal_curves.png", "duplication.csv", "duplication.md",
+                "duplication.png", "metrics.json"}
     assert expected <= {p.name for p in out.iterdir()}
-    assert {"contributions.png", "detection.csv", "removal_curves.png", "metrics.json"} <= _logged(
-        mlflow_uri, "barycenter_valuation")
+    assert {"contributions.png", "detection.csv", "removal_curves.png", "duplication.csv", "duplication.png",
+            "metrics.json"} <= _logged(mlflow_uri, "barycenter_valuation")
 
     contrib = pd.read_csv(out / "contributions.csv")
     assert set(contrib.method) == set(exp.CONTRIBUTION_METHODS) and set(contrib.federation) == {"c1", "c5"}
@@ -119,6 +125,23 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     assert (first == 1).all()  # nothing removed yet: every method refits the same model
     written = json.loads((out / "metrics.json").read_text())
     assert written["detection"]["feature_30pct"]["fedbary"]["recall"] == pytest.approx(feature.recall, abs=1e-4)
+
+    dup = pd.read_csv(out / "duplication.csv")
+    same = dup[(dup.experiment == "dataset") & (dup.stats == "original")]
+    assert list(same.copies) == [1, 2, 3] and list(same.atoms) == [50, 100, 150]
+    # independent truth: POT's exact W between client 1's augmented data (×1) and the validation set
+    fed = exp.project_federation(load_federation("c1", vparams["partition"]["out_dir"]), 8, 0)
+    validation, _ = exp.server_split(fed, 60)
+    P, Q = augmented_measure(exp.client_sets(fed)[1]), augmented_measure(validation)
+    w2 = ot.emd2(P.weights, Q.weights, ot.dist(P.support, Q.support), numItermax=10**8)
+    assert np.allclose(same.exact_w, np.sqrt(w2), rtol=1e-9)
+    assert (same.fedbary_validation_rel_change.abs() < 1e-8).all()
+    assert (same.fedbary_barycenter_rel_change.abs() < 1e-8).all()
+    datum = dup[dup.experiment == "datum"]
+    assert list(datum.datum) == ["most_valuable", "most_harmful"] and (datum.atoms == 54).all()
+    assert (datum.exact_w_rel_change.abs() > 1e-6).all()
+    assert (datum.exact_wp_change >= datum.wp_change_first_order_bound - 1e-9).all()
+    assert written["duplication"]["dataset_original_max_abs_rel_change_exact_w"] < 1e-9
 
 
 def test_corruption_is_seeded_and_counted(vparams: dict) -> None:
@@ -165,6 +188,17 @@ def test_valuation_groups_are_checked(tmp_path: Path) -> None:
     bad["barycenter_valuation"]["detection"]["validation_samples"] = 500
     with pytest.raises(ConfigError, match="barycenter_valuation.detection.federation: validation_samples"):
         validate_params(bad)
+    bad = copy.deepcopy(params)
+    bad["barycenter_valuation"]["duplication"]["copies"] = [1, 0]
+    with pytest.raises(ConfigError, match=r"barycenter_valuation.duplication.copies\[1\]"):
+        validate_params(bad)
+    for key, value, message in (("federation", "nope", "duplication.federation: unknown federation 'nope'"),
+                                ("client", 5, "duplication.client: 5 ≥ n_clients"),
+                                ("validation_samples", 150, "duplication.validation_samples")):
+        bad = copy.deepcopy(params)
+        bad["barycenter_valuation"]["duplication"][key] = value
+        with pytest.raises(ConfigError, match=message):
+            barycenter_valuation(bad)  # checked before any work (no partition files exist here)
     del params["noisy_removal"]
     with pytest.raises(ConfigError, match="noisy_removal: required key is missing"):
         noisy_removal(params)
