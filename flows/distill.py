@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -24,8 +23,9 @@ from otfed.distill.label_space import LabelSpace
 from otfed.errors import ConfigError
 from otfed.experiments import knot as exp
 from otfed.federation.knot import load_messages
+from otfed.models import TextClassifier
 from otfed.figures import distill as figs
-from otfed.orchestration import fan_out, resolve_device, stage_flow
+from otfed.orchestration import fan_out, stage_flow, stage_torch_device
 
 distill_task = task(name="distill-variant", cache_policy=NO_CACHE)(exp.distill_variant)
 
@@ -56,9 +56,7 @@ def distill(params: dict) -> dict:
         raise ConfigError("params.yaml: estimate_bias: required by distill.weightings 'E' / one_hot_ablation")
     read = groups(p, "run", "distill")
     read["train_teachers.tasks"] = tt.tasks
-    device = resolve_device(p.run.device)
-    if device == "cpu":
-        torch.set_num_threads(1)
+    device = stage_torch_device(p.run.device)  # one torch thread per task on CPU
     settings = d.model_dump(include={"epochs", "batch_size", "lr", "weight_decay", "eps", "sinkhorn_iterations",
                                      "eval_batch_size"})
     with tracking.stage_run("distill", flatten(read), params_hash(read)) as run, \
@@ -90,7 +88,7 @@ def distill(params: dict) -> dict:
                                      device=device, run=child))
                 results = fan_out(distill_task, jobs)
             # the pretrained global model itself: the "before distillation" reference row
-            base_rows, base_probs = exp.evaluate(exp.TextClassifier.load(global_dir, device=device), task_name,
+            base_rows, base_probs = exp.evaluate(TextClassifier.load(global_dir, device=device), task_name,
                                                  sets, semantic, d.eval_batch_size)
             for r in base_rows:
                 r.update(task=task_name, variant="global (no distillation)", loss="", weighting="", seconds=0.0)
@@ -102,8 +100,8 @@ def distill(params: dict) -> dict:
                 probabilities[name] = probs
             labels = {name: y for name, _, y in sets}
             io.write_npz(out / f"predictions_{task_name}.npz",
-                                **{f"{v}|{s}": pr for v, sets in probabilities.items() for s, pr in sets.items()},
-                                **{f"labels|{s}": y for s, y in labels.items()})
+                         **{f"{v}|{s}": pr for v, by_set in probabilities.items() for s, pr in by_set.items()},
+                         **{f"labels|{s}": y for s, y in labels.items()})
             task_table = pd.DataFrame([r for r in rows if r["task"] == task_name])
             run.log_table(figs.results_table(task_table), out / f"table_{task_name}.csv")
             run.log_figure(figs.expected_label_boxplots(probabilities, labels[exp.ALL], semantic,

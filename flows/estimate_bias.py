@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -21,7 +20,7 @@ from otfed.errors import ConfigError
 from otfed.experiments import knot as exp
 from otfed.federation.knot import save_messages
 from otfed.figures import distill as figs
-from otfed.orchestration import fan_out, resolve_device, stage_flow
+from otfed.orchestration import fan_out, stage_flow, stage_torch_device
 
 party_bias_task = task(name="probability-bias", cache_policy=NO_CACHE)(exp.party_bias)
 
@@ -40,9 +39,7 @@ def estimate_bias(params: dict) -> dict:
                           "estimate_bias")
     read = groups(p, "run", "estimate_bias")
     read["train_teachers.models_dir"] = tt.models_dir
-    device = resolve_device(p.run.device)
-    if device == "cpu":
-        torch.set_num_threads(1)
+    device = stage_torch_device(p.run.device)  # one torch thread per task on CPU
     with tracking.stage_run("estimate_bias", flatten(read), params_hash(read)) as run, \
             io.staged_directory(eb.out_dir) as out:
         rows: list[dict] = []

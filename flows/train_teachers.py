@@ -12,7 +12,6 @@ from contextlib import ExitStack
 from typing import Any
 
 import pandas as pd
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -24,7 +23,7 @@ from otfed.experiments import knot as exp
 from otfed.federation.knot import save_messages
 from otfed.federation.ledger import Channel
 from otfed.figures import distill as figs
-from otfed.orchestration import fan_out, resolve_device, stage_flow
+from otfed.orchestration import fan_out, stage_flow, stage_torch_device
 
 train_party_task = task(name="train-party", cache_policy=NO_CACHE)(exp.train_party)
 
@@ -42,10 +41,7 @@ def train_teachers(params: dict) -> dict:
         raise ConfigError("params.yaml: train_teachers and partition.text are required for stage train_teachers")
     read = groups(p, "run", "train_teachers")
     read["partition.text.out_dir"] = p.partition.text.out_dir
-    device = resolve_device(p.run.device)
-    # concurrent tasks each train with one intra-op thread: no oversubscription, reproducible float sums
-    if device == "cpu":
-        torch.set_num_threads(1)
+    device = stage_torch_device(p.run.device)  # one torch thread per task on CPU
     channel = Channel(session="knot")
     with tracking.stage_run("train_teachers", flatten(read), params_hash(read)) as run, \
             io.staged_directory(tt.models_dir) as models, io.staged_directory(tt.messages_dir) as messages_dir, \

@@ -74,6 +74,18 @@ def resolve_device(device: str) -> str:
         return "cpu"
 
 
+def stage_torch_device(device: str) -> str:
+    """The device of a torch stage (:func:`resolve_device`). On CPU, torch is pinned to one intra-op thread:
+    the stage's concurrent Prefect tasks then each use one core without oversubscription, and float sums
+    are the same from run to run."""
+    device = resolve_device(device)
+    if device == "cpu":
+        import torch
+
+        torch.set_num_threads(1)
+    return device
+
+
 def call_in_order(fn: Callable[..., T], jobs: Iterable[dict[str, Any]]) -> list[T]:
     """The sequential twin of :func:`fan_out` for library callers outside Prefect."""
     return [fn(**job) for job in jobs]

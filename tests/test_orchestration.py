@@ -6,7 +6,7 @@ from prefect import task
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
 from flows.pipeline import dvc_command
-from otfed.orchestration import fan_out, resolve_device, task_runner
+from otfed.orchestration import fan_out, resolve_device, stage_torch_device, task_runner
 
 
 def test_task_runner_kinds() -> None:
@@ -22,6 +22,15 @@ def test_resolve_device() -> None:
 
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cuda:1") == "cuda:1"
+
+
+def test_stage_torch_device_pins_one_cpu_thread() -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    assert stage_torch_device("cpu") == "cpu"
+    assert torch.get_num_threads() == 1
+
 
 
 def test_fan_out_outside_a_flow_runs_in_order_without_a_server() -> None:

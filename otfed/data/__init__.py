@@ -12,7 +12,7 @@
 All randomness comes from a caller-supplied ``numpy.random.Generator``.
 """
 
-from otfed.data.apportionment import interleaved_assignment, largest_remainder, stratified_split
+from otfed.data.apportionment import interleaved_assignment, largest_remainder, stratified_parts, stratified_split
 from otfed.data.corruption import (
     CASES,
     CasePartition,
@@ -65,5 +65,6 @@ __all__ = [
     "pixel_features",
     "reduce_features",
     "split_train_val",
+    "stratified_parts",
     "stratified_split",
 ]

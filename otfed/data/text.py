@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from otfed import io
-from otfed.data.apportionment import largest_remainder
+from otfed.data.apportionment import largest_remainder, stratified_parts
 from otfed.errors import ConfigError, DataFileError, DegenerateClientError
 
 TASKS: tuple[str, ...] = ("sa", "erc", "nli")
@@ -452,39 +452,6 @@ def _contiguous_bins(sizes: np.ndarray, shares: np.ndarray) -> np.ndarray:
         cuts.append(lo + int(np.argmin(np.abs(edges[lo:hi + 1] - target))))
     cuts.append(n)
     return np.repeat(np.arange(n_bins), np.diff(cuts))
-
-
-def stratified_parts(labels: np.ndarray, sizes: np.ndarray | list[int],
-                     rng: np.random.Generator) -> list[np.ndarray]:
-    """Split positions 0..n−1 into bins of exactly ``sizes`` rows so that every bin holds each label within
-    one row of its proportional share, |n_lb − n_l·s_b/n| ≤ 1 (the stratified splits and caps of SPEC §1).
-
-    The per-label counts start at ⌊n_l·s_b/n⌋; the rows left over are placed by Ryser's greedy rule (each
-    label, most left-overs first, gives one row to each of the bins still missing the most), which meets
-    the bin sizes exactly. Rows of a label are shuffled by ``rng`` before being dealt. Returns sorted
-    position arrays, one per bin.
-    """
-    labels = np.asarray(labels)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    n = labels.size
-    if sizes.sum() != n or (sizes < 0).any():
-        raise ValueError(f"bin sizes {sizes.tolist()} must be non-negative and sum to the {n} rows")
-    classes, codes = np.unique(labels, return_inverse=True)
-    class_sizes = np.bincount(codes, minlength=classes.size)
-    quota = np.outer(class_sizes, sizes) / max(n, 1)
-    table = np.floor(quota).astype(np.int64)
-    row_left, col_left = class_sizes - table.sum(1), sizes - table.sum(0)
-    for c in np.argsort(-row_left, kind="stable"):
-        cols = np.argsort(-col_left, kind="stable")[:row_left[c]]
-        table[c, cols] += 1
-        col_left[cols] -= 1
-    if (col_left != 0).any():  # cannot happen: frac(quota) is a fractional solution, so a 0/1 one exists
-        raise AssertionError(f"stratified split failed to meet bin sizes {sizes.tolist()}")
-    owner = np.empty(n, dtype=np.int64)
-    for c in range(classes.size):
-        members = rng.permutation(np.flatnonzero(codes == c))
-        owner[members] = np.repeat(np.arange(sizes.size), table[c])
-    return [np.flatnonzero(owner == b) for b in range(sizes.size)]
 
 
 def _party_rng(seed: int, task: str, name: str) -> np.random.Generator:

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from otfed.errors import ConfigError, DataFileError
 from otfed.io import staged_directory, write_json
+from otfed.orchestration import resolve_device as run_device
 from otfed.models.tokenizer import train_wordpiece
 
 MODEL_KINDS = ("bert", "distilbert", "checkpoint")
@@ -110,9 +111,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """``"auto"`` → cuda when available, else cpu; None → cpu; anything else as given (``"cuda:1"``)."""
     if device is None:
         return torch.device("cpu")
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    return torch.device(run_device(str(device)))
 
 
 class TextClassifier:

@@ -24,8 +24,8 @@ from otfed.data.text import (
     federation_summary,
     load_text_federation,
     save_text_federation,
-    stratified_parts,
 )
+from otfed.data.apportionment import stratified_parts
 from otfed.distill.label_space import LabelSpace
 from otfed.errors import ConfigError, DataFileError, DegenerateClientError
 
