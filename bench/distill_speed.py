@@ -42,7 +42,9 @@ import pandas as pd
 import torch
 
 from otfed import io
-from otfed.distill import LabelSpace, entropic_histogram_transport
+from otfed.device import pin_torch_threads
+from otfed.label_space import LabelSpace
+from otfed.ot import entropic_histogram_transport
 
 OUT = Path("reports/bench")
 SWEEP_EPS = (1e-1, 1e-2, 3e-3, 1e-3)
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--convergence-sweep", action="store_true", help="run the robustness grid instead")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the convergence sweep")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    pin_torch_threads(args.threads)
     if args.convergence_sweep:
         return convergence_sweep(args.seeds, args.out)
 

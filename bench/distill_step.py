@@ -41,7 +41,10 @@ import pandas as pd
 import torch
 
 from otfed import io
-from otfed.distill import LabelSpace, ensemble_loss, entropic_histogram_transport
+from otfed.device import pin_torch_threads
+from otfed.distill import ensemble_loss
+from otfed.label_space import LabelSpace
+from otfed.ot import entropic_histogram_transport
 
 OUT = Path("reports/bench")
 PARTS = ("forward", "loss", "backward", "optimizer")
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        pin_torch_threads(args.threads)
 
     space = LabelSpace.for_task("sa")
     cost = space.cost_matrix()

@@ -40,14 +40,14 @@ import pandas as pd
 from otfed import io
 from otfed.data.features import fit_pca, pixel_features, reduce_features
 from otfed.data.images import load_images
-from otfed.experiments.valuation import fedavg_utility
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation
 from otfed.federation.otdd import LabelledData
-from otfed.valuation import ExactShapley, ValuationData
+from otfed.fl import FedAvgConfig
+from otfed.valuation import ExactShapley, ValuationData, fedavg_utility
 
 DEFAULT_CLIENTS = [5, 10, 50, 100]
 DEFAULT_SUPPORTS = [100, 500]
-FEDAVG = {"rounds": 10, "epochs": 5, "lr": 0.1, "batch_size": None, "hidden": []}  # params.yaml contributions.fedavg
+FEDAVG = FedAvgConfig(rounds=10, epochs=5, lr=0.1, batch_size=None, hidden=[])  # params.yaml contributions.fedavg
 OUT = Path("reports/bench")
 GOAL_SECONDS = 600.0
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from otfed import io
-from otfed.experiments.fed_distance import gaussian_pair
+from otfed.data.gaussians import gaussian_pair
 from otfed.federation import FedWaDConfig, federated_wasserstein
 from otfed.ot import wasserstein
 

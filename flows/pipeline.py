@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from otfed.orchestration import configure_prefect_environment
+from flows.stage import configure_prefect_environment
 
 configure_prefect_environment()
 

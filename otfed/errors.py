@@ -9,7 +9,7 @@ class OtfedError(Exception):
     """Base class: a user-facing error whose message names the offending file, key, client or column."""
 
 
-class ConfigError(OtfedError):
+class ConfigError(OtfedError, ValueError):
     """params.yaml is invalid: unknown key, wrong type or out-of-range value (message names the key path)."""
 
 

@@ -1,7 +1,7 @@
-"""Evaluation metrics shared by the stages: clustering agreement and distance-order preservation.
+"""Evaluation metrics shared by the stages: clustering agreement and distance-order preservation; for the
+KNOT text track Semantic Distance, macro-F1, accuracy and each task's headline score.
 
-(Classification metrics, Semantic Distance and detection precision/recall join this module with the
-text-track and valuation issues.)
+(Detection precision/recall join this module with the valuation issues.)
 """
 from __future__ import annotations
 
@@ -106,3 +106,16 @@ def accuracy(labels, predictions) -> float:
     from sklearn.metrics import accuracy_score
 
     return float(accuracy_score(_as_numpy(labels).astype(int), _predicted_labels(predictions)))
+
+
+def score_name(task: str) -> str:
+    """The papers' headline score of a KNOT task (tables 1–4): ``accuracy`` for NLI, ``macro_f1`` for SA and ERC."""
+    return "accuracy" if task == "nli" else "macro_f1"
+
+
+def task_score(task: str, labels, probs, n_labels: int) -> float:
+    """The :func:`score_name` score of ``task``: macro-F1 over ``n_labels`` labels (SA, ERC) or accuracy (NLI)
+    of the argmax predictions of the N×C ``probs``."""
+    if task == "nli":
+        return accuracy(labels, probs)
+    return macro_f1(labels, probs, n_labels=n_labels)

@@ -1,12 +1,566 @@
-"""DVC stage ``barycenter_valuation``: FedBary client contributions (fig. 4), outlier histogram, detection (fig. 5)."""
-from otfed.stage import run_stage
+"""Stage ``barycenter_valuation`` — FedBary §5 (SPEC §3): client contributions, outliers, datum values.
+
+* **contributions** (fig. 4), one job per federation (cases 1–5): client contributions (%) by FedBary with
+  and without a server validation set, next to the FedAvg-utility games — exact Shapley (all 2^N
+  coalitions), leave-one-out, Monte-Carlo permutation Shapley — with wall times and rank agreement;
+* **outlier** (fig. 4 histogram), one job: every client's distance to the federated barycenter when one
+  client of 4 + 1 carries feature noise;
+* **detection** (fig. 5), one job per (noise kind, rate): datum values (calibrated gradients, eq. 10) from
+  FedBary's client-side potentials vs LAVA, KNN-Shapley, leave-one-out (KNN utility) and random —
+  precision / recall / F1 of the flags and point-removal curves;
+* **duplication** (table 3), one job: a client's whole dataset, or one of its data, duplicated; the exact
+  W_2 (POT's network simplex) next to FedBary's estimate.
+
+All jobs form one flat list (contributions, outlier, detection, duplication — in that order); the report
+regroups their results by kind. Score convention for detection: a *suspicion* per datum, larger = more
+likely noisy (FedBary / LAVA calibrated gradients as they are; KNN-Shapley and leave-one-out values
+negated); a method flags the data with suspicion > 0 (value < 0 for the Shapley-type methods) and the
+removal curves drop the most suspicious first.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator, model_validator
+from scipy.stats import spearmanr
+
+from otfed.data.corruption import corrupted_federation, noisy_client_federation
+from otfed.data.parties import client_sets, project_federation, server_split
+from otfed.data.store import FederationData, load_federation
+from otfed.device import pin_torch_threads
+from otfed.federation.fedbary import FedBaryConfig, fedbary_on_measures, federated_valuation
+from otfed.figures import valuation as figs
+from otfed.fl import FedAvgConfig
+from otfed.ot import Measure
+from otfed.ot.otdd import LabelledData, augmented_measure
+from otfed.schema import PositiveInt, Strict
+from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, PermutationShapley, ValuationData,
+                             datum_values as calibrated_values, detection_scores, exact_wasserstein,
+                             fedavg_utility, flag_noisy, knn_leave_one_out, mass_moved_by_duplication,
+                             percent_of_total, point_removal_curve, repeated_dataset, repeated_datum)
+from stages import layout
+from stages.stage import Job, Report, Stage
+
+if TYPE_CHECKING:
+    from stages.params import Params
+
+# the folders this stage writes (declared in stages/layout.py); the first holds its reports and metrics.json
+OUTPUTS = (layout.VALUATION_REPORTS,)
+
+CONTRIBUTION_METHODS = ("fedbary_validation", "fedbary_barycenter", "exact_shapley", "leave_one_out",
+                        "monte_carlo_shapley")
+DETECTION_METHODS = ("fedbary", "lava", "knn_shapley", "leave_one_out", "random")
+KINDS = ("contributions", "outlier", "detection", "duplication")  # the kinds of job, in job order
 
 
-def _flow(params):
-    from flows.barycenter_valuation import barycenter_valuation_flow_factory
+# ------------------------------------------------------------------------------------------ params
+class OutlierParams(Strict):
+    """4 iid clients + 1 noisy client (fig. 4 histogram): feature noise planted on one client in-stage."""
 
-    return barycenter_valuation_flow_factory(params)
+    federation: str = "case1"
+    client: int = Field(4, ge=0, description="Index of the client that gets the noise.")
+    fraction: float = Field(0.5, gt=0.0, le=1.0, description="Share of its samples that get feature noise.")
+    noise_std: float = Field(1.0, gt=0.0, description="N(0, std²) per pixel, before PCA.")
 
 
-if __name__ == "__main__":
-    raise SystemExit(run_stage(_flow))
+class ContributionParams(Strict):
+    """Client contributions, cases 1–5: FedBary (with / without validation) vs FedAvg-utility games."""
+
+    federations: list[str] = Field(["case1", "case2", "case3", "case4", "case5"], min_length=1)
+    validation_samples: int = Field(300, ge=10, description="Server validation = the first rows of the test split.")
+    monte_carlo_permutations: int = Field(10, ge=1, le=100000)
+    fedavg: FedAvgConfig = FedAvgConfig()
+    outlier: OutlierParams = OutlierParams()
+
+
+class DetectionParams(Strict):
+    """Noisy-datum detection (fig. 5): corruptions planted in-stage on a clean federation."""
+
+    federation: str = "fmnist_clean"
+    kinds: list[Literal["label", "feature"]] = Field(["label", "feature"], min_length=1)
+    rates: list[float] = Field([0.05, 0.15, 0.30], min_length=1)
+    noise_std: float = Field(1.0, gt=0.0, description="Feature-noise std per pixel, before PCA.")
+    validation_samples: int = Field(300, ge=10, description="Server validation = first rows of the test split; "
+                                    "the rest is the removal-curve holdout.")
+    knn_k: int = Field(5, ge=1, description="K of KNN-Shapley and of leave-one-out's KNN utility.")
+    removal_step: float = Field(0.05, gt=0.0, lt=1.0)
+    removal_max_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v: list[float]) -> list[float]:
+        if any(not 0.0 < r < 1.0 for r in v):
+            raise ValueError("rates must lie in (0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _removal(self) -> "DetectionParams":
+        if self.removal_step > self.removal_max_fraction:
+            raise ValueError("removal_step must be ≤ removal_max_fraction")
+        return self
+
+
+class DuplicationParams(Strict):
+    """Duplication robustness (table 3): one client's whole dataset, or one of its data, duplicated; exact W
+    (POT) next to FedBary's estimate. The federation is checked by the stage before any work starts."""
+
+    federation: str = "case1"
+    client: int = Field(0, ge=0, description="Index of the client whose data are duplicated.")
+    copies: list[PositiveInt] = Field([1, 2, 3, 4], min_length=1, description="Times the client's dataset "
+                                      "appears: 1 = as is, 2–4 = duplicated 1–3×.")
+    datum_copies: int = Field(11, ge=2, description="Times the most valuable / most harmful datum appears "
+                              "(11 = duplicated 10×).")
+    validation_samples: int = Field(300, ge=10, description="Q = the first rows of the test split.")
+    seed_repeats: int = Field(5, ge=0, le=100, description="FedBary reruns with seeds seed … seed+n−1 on the "
+                              "original data: the estimate's seed-to-seed spread.")
+
+
+class BarycenterValuationParams(Strict):
+    """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5),
+    duplication robustness (table 3)."""
+
+    pca_components: int = Field(32, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
+    fedbary: FedBaryConfig = FedBaryConfig()
+    contributions: ContributionParams = ContributionParams()
+    detection: DetectionParams = DetectionParams()
+    duplication: DuplicationParams = DuplicationParams()
+
+
+def check(p: Params) -> None:
+    """Every federation named exists, has a server test split larger than the validation set cut from it;
+    the outlier client and the duplicated client exist, and the outlier federation is clean."""
+    bv = p.barycenter_valuation
+    known = p.partition.federations
+    c = bv.contributions
+    refs: list[tuple[str, str, int]] = [(f"barycenter_valuation.contributions.federations[{i}]", n,
+                                         c.validation_samples) for i, n in enumerate(c.federations)]
+    refs.append(("barycenter_valuation.contributions.outlier.federation", c.outlier.federation, c.validation_samples))
+    refs.append(("barycenter_valuation.detection.federation", bv.detection.federation,
+                 bv.detection.validation_samples))
+    for path, name, n_val in refs:
+        if name not in known:
+            raise ValueError(f"{path}: unknown federation {name!r}; defined: {sorted(known)}")
+        spec = known[name]
+        if spec.scheme == "by_dataset":
+            raise ValueError(f"{path}: {name!r} has scheme 'by_dataset' (no server test split)")
+        if n_val >= spec.test_samples:
+            raise ValueError(f"{path}: validation_samples ({n_val}) must be smaller than "
+                             f"partition.federations.{name}.test_samples ({spec.test_samples})")
+    o = c.outlier
+    spec = known[o.federation]
+    if o.client >= getattr(spec, "n_clients", 0):
+        raise ValueError(f"barycenter_valuation.contributions.outlier.client: {o.client} ≥ n_clients of "
+                         f"{o.federation!r}")
+    if getattr(spec, "scheme", None) == "fedbary_case" and spec.case in (4, 5):
+        raise ValueError(f"barycenter_valuation.contributions.outlier.federation: {o.federation!r} is already "
+                         f"noisy (case {spec.case}); use a clean federation")
+    d = bv.duplication
+    key = "barycenter_valuation.duplication"
+    if d.federation not in known:
+        raise ValueError(f"{key}.federation: unknown federation {d.federation!r}; defined: {sorted(known)}")
+    spec = known[d.federation]
+    if spec.scheme == "by_dataset":
+        raise ValueError(f"{key}.federation: {d.federation!r} has scheme 'by_dataset' (no server test split)")
+    if d.validation_samples >= spec.test_samples:
+        raise ValueError(f"{key}.validation_samples ({d.validation_samples}) must be smaller than "
+                         f"partition.federations.{d.federation}.test_samples ({spec.test_samples})")
+    if d.client >= getattr(spec, "n_clients", 0):
+        raise ValueError(f"{key}.client: {d.client} ≥ n_clients of {d.federation!r} "
+                         f"({getattr(spec, 'n_clients', 0)})")
+
+
+# -------------------------------------------------------------------------------------------- jobs
+def job_kinds(p: Params) -> list[str]:
+    """The kind of every job of :func:`jobs`, in job order (the report regroups results with it)."""
+    bv = p.barycenter_valuation
+    return (["contributions"] * len(bv.contributions.federations) + ["outlier"]
+            + ["detection"] * (len(bv.detection.kinds) * len(bv.detection.rates)) + ["duplication"])
+
+
+def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
+    """One contributions job per federation, the outlier job, one detection job per (kind, rate), the
+    duplication job (features projected as the params say; noise planted before the projection)."""
+    # FedAvg trains on the CPU: concurrent tasks each use one torch thread (pinned once, for the stage)
+    pin_torch_threads(1)
+    bv, seed = p.barycenter_valuation, p.run.seed
+    c, o, d, u = bv.contributions, bv.contributions.outlier, bv.detection, bv.duplication
+
+    def load(name: str) -> FederationData:
+        return load_federation(name, layout.PARTITIONS)
+
+    out = []
+    for name in c.federations:
+        fed = project_federation(load(name), bv.pca_components, seed)
+        validation, _ = server_split(fed, c.validation_samples)
+        out.append(Job(f"contributions {name}", client_contributions, dict(
+            name=name, clients=client_sets(fed), validation=validation, config=bv.fedbary, fedavg=c.fedavg,
+            permutations=c.monte_carlo_permutations, seed=seed)))
+    out.append(Job(f"outlier {o.federation}", outlier_distances, dict(
+        fed=load(o.federation), noisy_client=o.client, fraction=o.fraction, noise_std=o.noise_std,
+        pca_components=bv.pca_components, validation_samples=c.validation_samples, config=bv.fedbary, seed=seed)))
+    clean = load(d.federation)
+    for kind in d.kinds:
+        for rate in d.rates:
+            fed = project_federation(corrupted_federation(clean, kind, rate, d.noise_std, seed), bv.pca_components,
+                                     seed)
+            validation, holdout = server_split(fed, d.validation_samples)
+            noisy = np.concatenate([fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)])
+            out.append(Job(f"detection {kind} {rate}", detection_setting, dict(
+                kind=kind, rate=rate, clients=client_sets(fed), noisy=noisy, validation=validation, holdout=holdout,
+                config=bv.fedbary, knn_k=d.knn_k, removal_step=d.removal_step,
+                removal_max_fraction=d.removal_max_fraction, seed=seed)))
+    fed = project_federation(load(u.federation), bv.pca_components, seed)
+    validation, _ = server_split(fed, u.validation_samples)
+    out.append(Job(f"duplication {u.federation}", duplication_robustness, dict(
+        clients=client_sets(fed), validation=validation, client=u.client, copies=u.copies,
+        datum_copies=u.datum_copies, config=bv.fedbary, seed=seed, seed_repeats=u.seed_repeats)))
+    return out
+
+
+def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------------- contributions
+def client_contributions(name: str, clients: list[LabelledData], validation: LabelledData, config: FedBaryConfig,
+                         fedavg: FedAvgConfig, permutations: int, seed: int) -> list[dict[str, Any]]:
+    """One federation of FedBary fig. 4: every method's value and contribution (%) per client, and its
+    wall time. FedBary: score ∝ 1/W(P_i, Q) (Q = validation set, or the federated barycenter); Shapley
+    types: φ_i / Σ_j φ_j (:func:`~otfed.valuation.percent_of_total`) with the FedAvg-validation-accuracy
+    utility (:func:`~otfed.valuation.fedavg_utility`)."""
+    rows: list[dict[str, Any]] = []
+    names = [c.name for c in clients]
+
+    def add(method: str, values: np.ndarray, percent: np.ndarray, seconds: float) -> None:
+        for k, client in enumerate(names):
+            rows.append(dict(federation=name, method=method, client=client, value=float(values[k]),
+                             percent=float(percent[k]), seconds=seconds))
+
+    res, secs = _timed(federated_valuation, clients, config, validation=validation, seed=seed)
+    add("fedbary_validation", res.distances, res.contributions, secs)
+    res, secs = _timed(federated_valuation, clients, config, validation=None, seed=seed)
+    add("fedbary_barycenter", res.distances, res.contributions, secs)
+    players = ValuationData(np.arange(len(clients), dtype=np.float64)[:, None], np.zeros(len(clients), dtype=np.int64))
+    utility = fedavg_utility(clients, validation, fedavg, seed)
+    for method, valuer in (("exact_shapley", ExactShapley(utility)), ("leave_one_out", LeaveOneOut(utility)),
+                           ("monte_carlo_shapley", PermutationShapley(utility, permutations, seed=seed))):
+        values, secs = _timed(valuer.fit, players)
+        add(method, values, percent_of_total(values), secs)
+    return rows
+
+
+def rank_agreement(rows: list[dict[str, Any]], reference: str = "exact_shapley") -> list[dict[str, Any]]:
+    """Spearman rank correlation of each method's client contributions with ``reference``'s, per
+    federation, and the method's wall time (NaN correlation when either ranking is constant)."""
+    frame = pd.DataFrame(rows)
+    out = []
+    for (fed, method), sub in frame.groupby(["federation", "method"], sort=False):
+        ref = frame[(frame.federation == fed) & (frame.method == reference)].set_index("client").percent
+        mine = sub.set_index("client").percent.reindex(ref.index)
+        if mine.nunique() < 2 or ref.nunique() < 2:
+            rho = float("nan")
+        else:
+            rho = float(spearmanr(mine.to_numpy(), ref.to_numpy()).statistic)
+        out.append(dict(federation=fed, method=method, spearman_vs_exact_shapley=rho,
+                        seconds=float(sub.seconds.iloc[0])))
+    return out
+
+
+# --------------------------------------------------------------------------------------- outlier
+class Outlier(NamedTuple):
+    """The outlier job's result: the noisy client, how many of its samples got noise, the distance rows."""
+
+    noisy_client: str
+    noisy_samples: int
+    rows: list[dict[str, Any]]
+
+
+def outlier_distances(fed: FederationData, noisy_client: int, fraction: float, noise_std: float,
+                      pca_components: int, validation_samples: int, config: FedBaryConfig, seed: int) -> Outlier:
+    """FedBary fig. 4 histogram: client ``noisy_client`` gets feature noise on ``fraction`` of its samples
+    (:func:`~otfed.data.corruption.noisy_client_federation`, in the stored pixel space, before the PCA),
+    then W(P_i, Q) per client against the federated barycenter and against the server's validation set."""
+    noisy = noisy_client_federation(fed, noisy_client, fraction, noise_std, seed)
+    noisy = project_federation(noisy, pca_components, seed)
+    validation, _ = server_split(noisy, validation_samples)
+    clients = client_sets(noisy)
+    rows = []
+    for target, val in (("barycenter", None), ("validation", validation)):
+        res = federated_valuation(clients, config, validation=val, seed=seed)
+        far = int(np.argmax(res.distances))
+        for k, c in enumerate(clients):
+            rows.append(dict(target=target, client=c.name, noisy=k == noisy_client,
+                             distance=float(res.distances[k]), percent=float(res.contributions[k]),
+                             farthest=k == far))
+    return Outlier(fed.client_names[noisy_client], int(noisy.corrupted.sum()), rows)
+
+
+# ------------------------------------------------------------------------------------- detection
+def _removal_model(seed: int) -> Any:
+    """Standardised multinomial logistic regression (the scaler is refitted on the kept data)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, random_state=seed))
+
+
+def suspicion_scores(clients: list[LabelledData], validation: LabelledData, config: FedBaryConfig, knn_k: int,
+                     seed: int) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, np.ndarray]]:
+    """Per method: suspicion per pooled datum (clients concatenated in order; larger = more suspicious),
+    wall time, and flags. FedBary runs federated (values computed client-side against η_{Q_i}, eq. 10,
+    with ``config.potential``); the baselines get the pooled data directly (as in the paper)."""
+    x = np.concatenate([c.x for c in clients])
+    y = np.concatenate([c.y for c in clients])
+    data = ValuationData(x, y, validation.x, validation.y)
+    scores: dict[str, np.ndarray] = {}
+    seconds: dict[str, float] = {}
+    res, seconds["fedbary"] = _timed(federated_valuation, clients, config, validation=validation, seed=seed,
+                                     datum_values=True, potential=config.potential)
+    scores["fedbary"] = np.concatenate([res.datum_values[c.name] for c in clients])
+    scores["lava"], seconds["lava"] = _timed(Lava(p=config.p, potential=config.potential,
+                                                  diagonal=config.diagonal).fit, data)
+    values, seconds["knn_shapley"] = _timed(KNNShapley(knn_k).fit, data)
+    scores["knn_shapley"] = -values
+    values, seconds["leave_one_out"] = _timed(knn_leave_one_out, data, knn_k)
+    scores["leave_one_out"] = -values
+    scores["random"] = np.random.default_rng(np.random.SeedSequence([seed, 7])).random(len(y))
+    seconds["random"] = 0.0
+    flags = {m: flag_noisy(s) for m, s in scores.items() if m != "random"}
+    return scores, seconds, flags
+
+
+def detection_setting(kind: str, rate: float, clients: list[LabelledData], noisy: np.ndarray,
+                      validation: LabelledData, holdout: tuple[np.ndarray, np.ndarray], config: FedBaryConfig,
+                      knn_k: int, removal_step: float, removal_max_fraction: float,
+                      seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One (noise kind, rate) cell of FedBary fig. 5: detection scores (precision / recall / F1, #flagged
+    vs #noisy) and point-removal curves for every method. ``random`` flags as many data as are noisy
+    (chance precision = the noise rate)."""
+    scores, seconds, flags = suspicion_scores(clients, validation, config, knn_k, seed)
+    n_noisy = int(noisy.sum())
+    flags["random"] = np.zeros(len(noisy), dtype=bool)
+    flags["random"][np.argsort(-scores["random"])[:n_noisy]] = True
+    x = np.concatenate([c.x for c in clients])
+    y = np.concatenate([c.y for c in clients])
+    score_rows, curve_rows = [], []
+    for method in DETECTION_METHODS:
+        d = detection_scores(flags[method], np.flatnonzero(noisy), n=len(noisy))
+        top = np.argsort(-scores[method], kind="stable")[:n_noisy]
+        score_rows.append(dict(kind=kind, rate=rate, method=method, n=len(noisy), noisy=d.noisy, flagged=d.flagged,
+                               true_positives=d.true_positives, precision=d.precision, recall=d.recall, f1=d.f1,
+                               recall_at_noisy=float(noisy[top].mean()), seconds=seconds[method]))
+        curve = point_removal_curve(scores[method], x, y, *holdout, step=removal_step,
+                                    max_fraction=removal_max_fraction, seed=seed,
+                                    make_model=_removal_model)
+        for f, r, a in zip(curve.fractions, curve.removed, curve.accuracy):
+            curve_rows.append(dict(kind=kind, rate=rate, method=method, fraction=round(float(f), 6), removed=int(r),
+                                   accuracy=float(a)))
+    return score_rows, curve_rows
+
+
+# ----------------------------------------------------------------------------------- duplication
+class Duplication(NamedTuple):
+    """The duplication job's result: the duplicated client, the table 3 rows, the seed-to-seed spread."""
+
+    client: str
+    rows: list[dict[str, Any]]
+    spread: dict[str, list[float]]
+
+
+def duplication_robustness(clients: list[LabelledData], validation: LabelledData, client: int,
+                           copies: Sequence[int], datum_copies: int, config: FedBaryConfig,
+                           seed: int, seed_repeats: int = 0) -> Duplication:
+    """FedBary table 3: the distance of client ``client`` to the target Q (the server's validation set) and
+    to the federated barycenter when its data are duplicated — exact W_p(P_i, Q)
+    (:func:`~otfed.valuation.exact_wasserstein`) next to FedBary's estimates; every FedBary run uses the
+    same seed (common random numbers, :func:`~otfed.federation.fedbary.fedbary_on_measures`), so a change
+    is caused by the input, not by the random draws.
+
+    Rows (``experiment``):
+    * ``dataset``: the whole dataset appears ``copies`` times. ``stats="original"``: the client's augmented
+      measure P_i (class statistics of its original data) with every atom repeated — the same measure, so
+      the exact W is unchanged. ``stats="refit"``: the client duplicates its raw rows and re-estimates its
+      class statistics on them; the unbiased covariances (÷ (n_c − 1)) then shrink by (n_c − 1)/n_c ·
+      k n_c/(k n_c − 1), so the augmented points — and the exact W — move by O(1/n_c).
+    * ``datum``: one datum appears ``datum_copies`` times (original statistics): the most valuable datum
+      (most negative FedBary calibrated gradient g, eq. 10, computed client-side against η_{Q_i} with
+      ``config.potential`` in the run on the original data: moving mass to it decreases the distance) and
+      the most harmful one (largest g). ``wp_change_first_order_bound`` = δ · g_l with exact
+      (network-simplex) duals of W_p^p(P_i, Q), a lower bound on the exact ``exact_wp_change`` by
+      convexity (:func:`~otfed.valuation.mass_moved_by_duplication`).
+
+    ``*_rel_change``: (value − value on the original data) / value on the original data. ``spread``: the
+    client's FedBary distances for seeds seed, …, seed + seed_repeats − 1 on the original data (the
+    estimate's seed-to-seed spread, to judge the size of a change)."""
+    if not 0 <= client < len(clients):
+        raise ValueError(f"client index {client} is out of range for {len(clients)} clients")
+    if not copies or min(copies) < 1 or datum_copies < 1:
+        raise ValueError(f"copies must be ≥ 1, got copies={list(copies)}, datum_copies={datum_copies}")
+    measures = [augmented_measure(c, diagonal=config.diagonal) for c in clients]
+    target = augmented_measure(validation, diagonal=config.diagonal)
+    names = [c.name for c in clients]
+    own = clients[client]
+
+    def evaluate(measure: Measure) -> dict[str, Any]:
+        current = list(measures)
+        current[client] = measure
+        val = fedbary_on_measures(current, names, config, target, seed)
+        bary = fedbary_on_measures(current, names, config, None, seed)
+        return dict(atoms=measure.n, exact_w=exact_wasserstein(measure, target, config.p),
+                    fedbary_validation=float(val.distances[client]), fedbary_barycenter=float(bary.distances[client]),
+                    percent_validation=float(val.contributions[client]),
+                    percent_barycenter=float(bary.contributions[client]))
+
+    base_run = fedbary_on_measures(measures, names, config, target, seed, datum_values=True,
+                                   potential=config.potential)
+    g = base_run.datum_values[own.name]  # type: ignore[index]
+    base = evaluate(measures[client])
+    keys = ("exact_w", "fedbary_validation", "fedbary_barycenter")
+
+    def row(experiment: str, stats: str, n_copies: int, result: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        out = dict(experiment=experiment, stats=stats, datum="", datum_index=-1, datum_value=float("nan"),
+                   copies=n_copies) | extra | result
+        for k in keys:
+            out[f"{k}_rel_change"] = (result[k] - base[k]) / base[k]
+        return out
+
+    rows: list[dict[str, Any]] = []
+    for stats in ("original", "refit"):
+        for k in copies:
+            if stats == "original":
+                measure = repeated_dataset(measures[client], k)
+            else:
+                refit = LabelledData(own.name, np.tile(own.x, (k, 1)), np.tile(own.y, k))
+                measure = augmented_measure(refit, diagonal=config.diagonal)
+            rows.append(row("dataset", stats, k, evaluate(measure)))
+    exact_f = calibrated_values(measures[client], target, p=config.p, potential="exact")
+    delta = mass_moved_by_duplication(measures[client].n, datum_copies)
+    for label, index in (("most_valuable", int(np.argmin(g))), ("most_harmful", int(np.argmax(g)))):
+        result = evaluate(repeated_datum(measures[client], index, datum_copies))
+        rows.append(row("datum", "original", datum_copies, result, datum=label, datum_index=index,
+                        datum_value=float(g[index]))
+                    | dict(exact_wp_change=result["exact_w"] ** config.p - base["exact_w"] ** config.p,
+                           wp_change_first_order_bound=delta * float(exact_f[index])))
+    spread: dict[str, list[float]] = {"fedbary_validation": [], "fedbary_barycenter": []}
+    for r in range(seed_repeats):
+        for mode, tgt in (("fedbary_validation", target), ("fedbary_barycenter", None)):
+            spread[mode].append(float(fedbary_on_measures(measures, names, config, tgt, seed + r).distances[client]))
+    return Duplication(own.name, rows, spread)
+
+
+# ------------------------------------------------------------------------------------------ report
+def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """Results regrouped by kind of job; per kind its tables, figures, nested runs and headline metrics."""
+    by_kind: dict[str, list[Any]] = {kind: [] for kind in KINDS}
+    for kind, result in zip(job_kinds(p), results, strict=True):
+        by_kind[kind].append(result)
+    return {"contributions": _contributions_report(p, by_kind["contributions"], out),
+            "outlier": _outlier_report(p, by_kind["outlier"][0], out),
+            "detection": _detection_report(by_kind["detection"], out),
+            "duplication": _duplication_report(p, by_kind["duplication"][0], out)}
+
+
+def _contributions_report(p: Params, results: list[list[dict[str, Any]]], out: Report) -> dict[str, Any]:
+    """contributions.csv (long), contributions_wide.csv, contributions.png (fig. 4), method_agreement.csv."""
+    rows = [row for rows in results for row in rows]
+    table = pd.DataFrame(rows)
+    out.table(table, "contributions.csv")
+    wide = table.pivot_table(index=["federation", "client"], columns="method", values="percent", sort=False)
+    out.table(wide[list(CONTRIBUTION_METHODS)].reset_index(), "contributions_wide.csv")
+    out.figure(figs.contributions_figure(table), "contributions.png")
+    agreement = pd.DataFrame(rank_agreement(rows))
+    overall = agreement.groupby("method", sort=False).agg(
+        spearman_vs_exact_shapley=("spearman_vs_exact_shapley", "mean"), seconds=("seconds", "sum")).reset_index()
+    overall.insert(0, "federation", "all (mean ρ, total s)")
+    out.table(pd.concat([agreement, overall], ignore_index=True), "method_agreement.csv")
+    summary: dict[str, Any] = {}
+    for name in p.barycenter_valuation.contributions.federations:
+        per = {m: {r["client"]: round(r["percent"], 3) for r in rows if r["federation"] == name and r["method"] == m}
+               for m in CONTRIBUTION_METHODS}
+        rho = {r.method: r.spearman_vs_exact_shapley for r in agreement[agreement.federation == name].itertuples()}
+        summary[name] = {"percent": per, "spearman": rho}
+        with out.variant(f"contributions/{name}", tags={"federation": name}) as child:
+            child.log_metrics({f"{m}.{c}": v for m, d in per.items() for c, v in d.items()} |
+                              {f"spearman.{m}": v for m, v in rho.items() if np.isfinite(v)})
+    summary["mean_spearman"] = {r.method: r.spearman_vs_exact_shapley for r in overall.itertuples()}
+    summary["seconds"] = {r.method: round(r.seconds, 3) for r in overall.itertuples()}
+    return summary
+
+
+def _outlier_report(p: Params, result: Outlier, out: Report) -> dict[str, Any]:
+    """outlier_distances.csv and the histogram (fig. 4): is the noisy client the farthest?"""
+    table = pd.DataFrame(result.rows)
+    out.table(table, "outlier_distances.csv")
+    out.figure(figs.outlier_figure(table), "outlier_histogram.png")
+    summary: dict[str, Any] = {"noisy_client": result.noisy_client, "noisy_samples": result.noisy_samples}
+    for target, sub in table.groupby("target", sort=False):
+        noisy = sub[sub.noisy]
+        summary[f"{target}_noisy_is_farthest"] = bool(noisy.farthest.iloc[0])
+        summary[f"{target}_noisy_distance"] = float(noisy.distance.iloc[0])
+        summary[f"{target}_clean_distance_max"] = float(sub[~sub.noisy].distance.max())
+    with out.variant("outlier", tags={"federation": p.barycenter_valuation.contributions.outlier.federation}) as child:
+        child.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (bool, int, float))})
+    return summary
+
+
+def _detection_report(results: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+                      out: Report) -> dict[str, Any]:
+    """detection.csv / .png (fig. 5) and removal_curves.csv / .png; one nested run per (kind, rate) with the
+    removal curves logged per step (data removed)."""
+    scores = pd.DataFrame([r for s, _ in results for r in s])
+    curves = pd.DataFrame([r for _, c in results for r in c])
+    out.table(scores, "detection.csv")
+    out.table(curves, "removal_curves.csv")
+    out.figure(figs.detection_figure(scores), "detection.png")
+    out.figure(figs.removal_curves_figure(curves), "removal_curves.png")
+    summary: dict[str, Any] = {}
+    for (kind, rate), sub in scores.groupby(["kind", "rate"], sort=False):
+        key = f"{kind}_{round(100 * rate)}pct"
+        summary[key] = {r.method: {"precision": round(r.precision, 4), "recall": round(r.recall, 4),
+                                   "f1": round(r.f1, 4), "flagged": int(r.flagged), "noisy": int(r.noisy)}
+                        for r in sub.itertuples()}
+        with out.variant(f"detection/{key}", tags={"kind": kind, "rate": rate}) as child:
+            child.log_metrics({f"{r.method}.{m}": float(getattr(r, m)) for r in sub.itertuples()
+                               for m in ("precision", "recall", "f1", "flagged")})
+            for method, line in curves[(curves.kind == kind) & (curves.rate == rate)].groupby("method"):
+                for r in line.itertuples():
+                    child.log_metrics({f"removal_accuracy.{method}": r.accuracy}, step=int(r.removed))
+    return summary
+
+
+def _duplication_report(p: Params, result: Duplication, out: Report) -> dict[str, Any]:
+    """duplication.csv and .png (table 3): largest relative changes, the datum experiments, seed spread."""
+    table = pd.DataFrame(result.rows)
+    out.table(table, "duplication.csv")
+    out.figure(figs.duplication_figure(table, result.spread), "duplication.png")
+    federation = p.barycenter_valuation.duplication.federation
+    dataset = table[table.experiment == "dataset"]
+    summary: dict[str, Any] = {"federation": federation, "client": result.client,
+                               "exact_w": float(table.exact_w.iloc[0])}
+    for stats, sub in dataset.groupby("stats", sort=False):
+        for col in ("exact_w", "fedbary_validation", "fedbary_barycenter"):
+            summary[f"dataset_{stats}_max_abs_rel_change_{col}"] = float(sub[f"{col}_rel_change"].abs().max())
+    for r in table[table.experiment == "datum"].itertuples():
+        for col in ("exact_w", "fedbary_validation", "fedbary_barycenter"):
+            summary[f"datum_{r.datum}_rel_change_{col}"] = float(getattr(r, f"{col}_rel_change"))
+        summary[f"datum_{r.datum}_calibrated_gradient"] = float(r.datum_value)
+    for mode, values in result.spread.items():
+        if len(values) > 1:
+            summary[f"seed_cv_{mode}"] = float(np.std(values, ddof=1) / np.mean(values))
+    with out.variant("duplication", tags={"federation": federation}) as child:
+        child.log_metrics({k: v for k, v in summary.items() if isinstance(v, float)})
+    return summary
+
+
+STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, report, check)
+
+if __name__ == "__main__":  # DVC: python -m stages.barycenter_valuation
+    from flows.stage import main
+    raise SystemExit(main(STAGE))

@@ -1,12 +1,223 @@
-"""DVC stage ``distill``: students with eq. 3 for {Sinkhorn, Entropy} × {A, D, U, E} (KNOT tables 2–4)."""
-from otfed.stage import run_stage
+"""Stage ``distill`` — KNOT tables 2–4, fig. 2 and the one-hot ablation of app. C.1.
+
+The server side only: it reads the messages clients sent (transfer-set predictions, dataset sizes,
+probability biases), assembles its teacher ensemble from them, and trains a student from its own
+pretrained global model with eq. 3 for every {Sinkhorn, Entropy} × {A, D, U, E}. The test sets are read
+for scoring only — the experimenter's view, as in the papers' tables. One job per (task, variant), and one
+per task scoring the undistilled global model (the "before distillation" reference row).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import Field, field_validator
+
+from otfed import io
+from otfed.data.text import load_text_federation
+from otfed.device import stage_device
+from otfed.distill.ensemble import TeacherEnsemble
+from otfed.distill.evaluation import ALL, EvaluationSet, evaluate, evaluation_sets
+from otfed.distill.student import distill_student, ensemble_weights
+from otfed.federation.knot import load_messages, server_ensemble
+from otfed.figures import distill as figs
+from otfed.label_space import LabelSpace
+from otfed.models import TextClassifier
+from otfed.schema import Strict
+from stages import layout
+from stages.stage import Job, Report, Stage
+
+if TYPE_CHECKING:
+    from stages.params import Params
+
+# the folders this stage writes (declared in stages/layout.py); the first holds its reports and metrics.json
+OUTPUTS = (layout.DISTILL_REPORTS,)
+
+LOSS_NAMES = {"sinkhorn": "Sinkhorn", "kl": "Entropy"}
+GLOBAL = "global (no distillation)"  # the reference row: the pretrained global model itself
+Weighting = Literal["A", "D", "U", "E"]
 
 
-def _flow(params):
-    from flows.distill import distill_flow_factory
+# ------------------------------------------------------------------------------------------ params
+class DistillParams(Strict):
+    """Stage ``distill``: the eq. 3 student for {Sinkhorn, Entropy} × {A, D, U, E} (+ one-hot ablation)."""
 
-    return distill_flow_factory(params)
+    losses: list[Literal["sinkhorn", "kl"]] = Field(["sinkhorn", "kl"], min_length=1)
+    weightings: list[Weighting] = Field(["A", "D", "U", "E"], min_length=1)
+    eps: float = Field(0.01, gt=0.0, le=100.0, description="Entropic regularisation ε of T_ε (cost units).")
+    sinkhorn_iterations: int = Field(300, ge=1, le=100000)
+    one_hot_ablation: bool = Field(True, description="Also Sinkhorn-E with one-hot label coordinates (app. C.1).")
+    learning_without_forgetting: bool = Field(True, description="The frozen global model is one more teacher.")
+    epochs: int = Field(3, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=4096)
+    lr: float = Field(2e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
+    eval_batch_size: int = Field(128, ge=1)
+
+    @field_validator("losses", "weightings")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"entries must be distinct (got {v})")
+        return v
+
+    @property
+    def needs_bias(self) -> bool:
+        """Weighting E (and the one-hot ablation, a Sinkhorn-E student) needs the teachers' biases B_k."""
+        return "E" in self.weightings or self.one_hot_ablation
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What every student's training and scoring reads (logged as each variant run's params)."""
+        return self.model_dump(include={"epochs", "batch_size", "lr", "weight_decay", "eps", "sinkhorn_iterations",
+                                        "eval_batch_size"})
 
 
-if __name__ == "__main__":
-    raise SystemExit(run_stage(_flow))
+def check(p: Params) -> None:
+    """The text partitions and the teachers' stage are configured; ``estimate_bias`` too when a student
+    needs the teachers' biases."""
+    if p.partition.text is None:
+        raise ValueError("partition.text: required by the text-track stages (train_teachers, estimate_bias, "
+                         "distill)")
+    if p.train_teachers is None:
+        raise ValueError("train_teachers: required by estimate_bias and distill")
+    if p.distill.needs_bias and p.estimate_bias is None:
+        raise ValueError("estimate_bias: required by distill.weightings 'E' / one_hot_ablation")
+
+
+def variants(d: DistillParams) -> list[tuple[str, str, str, bool]]:
+    """(variant name, loss, weighting, one-hot?) for every student the params ask for."""
+    out = [(f"{LOSS_NAMES[loss]}-{w}", loss, w, False) for loss in d.losses for w in d.weightings]
+    if d.one_hot_ablation:
+        out.append(("Sinkhorn-E-onehot", "sinkhorn", "E", True))
+    return out
+
+
+# -------------------------------------------------------------------------------------------- jobs
+def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
+    """Per task: the global model's reference scores, then one student per variant. The server's inputs
+    are the messages (``data/text_messages``, and ``reports/bias`` when a student needs B_k), its own
+    global model and the transfer texts; the test sets for scoring only."""
+    d = p.distill
+    device = stage_device(p.run.device)  # one torch thread per task on CPU
+    out = []
+    for task in p.train_teachers.tasks:
+        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
+        messages = load_messages(Path(layout.TEXT_MESSAGES) / f"{task}.npz")
+        if d.needs_bias:
+            messages += load_messages(Path(layout.BIAS_REPORTS) / f"messages_{task}.npz")
+        ensemble = server_ensemble(messages, [q.name for q in fed.locals],
+                                   fed.global_party.name if d.learning_without_forgetting else None)
+        semantic = LabelSpace.for_task(task)
+        global_dir = str(Path(layout.TEXT_MODELS) / task / fed.global_party.name)
+        sets = evaluation_sets(fed)  # scoring only; the server never gets the clients' training splits
+        out.append(Job(f"{task}/global", global_reference, dict(
+            task=task, global_model_dir=global_dir, sets=sets, batch_size=d.eval_batch_size, device=device)))
+        for name, loss, weighting, one_hot in variants(d):
+            out.append(Job(f"{task}/{name}", distill_variant, dict(
+                task=task, variant=name, loss=loss, weighting=weighting,
+                label_space=LabelSpace.one_hot(semantic) if one_hot else semantic, global_model_dir=global_dir,
+                transfer_texts=fed.transfer_texts, ensemble=ensemble, sets=sets, settings=d.settings,
+                seed=p.run.seed, device=device)))
+    return out
+
+
+def global_reference(task: str, global_model_dir: str, sets: Sequence[EvaluationSet], batch_size: int,
+                     device: str) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """The pretrained global model itself scored on every test set: the "before distillation" rows of
+    tables 2–4. Returns table rows and the test-set probabilities."""
+    rows, probs = evaluate(TextClassifier.load(global_model_dir, device=device), task, sets,
+                           LabelSpace.for_task(task), batch_size)
+    for r in rows:
+        r.update(task=task, variant=GLOBAL, loss="", weighting="", seconds=0.0)
+    return rows, probs
+
+
+def distill_variant(task: str, variant: str, loss: str, weighting: str, label_space: LabelSpace,
+                    global_model_dir: str, transfer_texts: Sequence[str], ensemble: TeacherEnsemble,
+                    sets: Sequence[EvaluationSet], settings: dict[str, Any], seed: int, device: str,
+                    ) -> tuple[list[dict[str, Any]], dict[str, np.ndarray], list[dict[str, Any]]]:
+    """One student of tables 2–4: start from the pretrained global model, minimise eq. 3 with ``loss``
+    (sinkhorn | kl) and teacher weights ``weighting`` over the ensemble, then score every test set.
+    Server side: it sees the global model, the transfer texts, the ensemble built from client messages and
+    — for scoring only — the test sets ``sets``; never a client's training data or teacher weights.
+
+    ``settings`` holds epochs, batch_size, lr, weight_decay, eps, sinkhorn_iterations, eval_batch_size.
+    Returns table rows, the test-set probabilities and the per-epoch history.
+    """
+    start = time.perf_counter()
+    student = TextClassifier.load(global_model_dir, device=device)
+    weights = ensemble_weights(ensemble, weighting)
+    records = distill_student(student, transfer_texts, ensemble, weights, kind=loss,
+                              cost=label_space.cost_matrix(dtype=torch.float64) if loss == "sinkhorn" else None,
+                              eps=settings["eps"] if loss == "sinkhorn" else None,
+                              sinkhorn_iterations=settings["sinkhorn_iterations"], epochs=settings["epochs"],
+                              batch_size=settings["batch_size"], lr=settings["lr"],
+                              weight_decay=settings["weight_decay"], seed=seed, description=f"{task}/{variant}")
+    history = [{"task": task, "variant": variant, **record} for record in records]
+    # scores always use the task's semantic coordinates (the ablation changes the training cost only)
+    rows, probs = evaluate(student, task, sets, LabelSpace.for_task(task), settings["eval_batch_size"])
+    seconds = time.perf_counter() - start
+    for r in rows:
+        r.update(task=task, variant=variant, loss=loss, weighting=weighting, seconds=seconds)
+    return rows, probs, history
+
+
+# ------------------------------------------------------------------------------------------ report
+def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """Per task: ``table_<task>.csv`` (tables 2–4), the saved predictions and fig. 2's expected-label boxes;
+    ``results.csv``, ``history.csv`` and the Sinkhorn-vs-Entropy figure; one nested run per (task, variant)
+    with the same metric names."""
+    d = p.distill
+    per_task = 1 + len(variants(d))
+    rows: list[dict[str, Any]] = []
+    histories: list[dict[str, Any]] = []
+    metrics: dict[str, Any] = {}
+    for i, task in enumerate(p.train_teachers.tasks):
+        (base_rows, base_probs), *students = results[i * per_task:(i + 1) * per_task]
+        rows.extend(base_rows)
+        probabilities = {GLOBAL: base_probs}
+        for (name, loss, weighting, one_hot), (variant_rows, probs, history) in zip(variants(d), students):
+            rows.extend(variant_rows)
+            histories.extend(history)
+            probabilities[name] = probs
+            tags = {"task": task, "loss": loss, "weighting": weighting,
+                    "label_coordinates": "one-hot" if one_hot else "semantic"}
+            with out.variant(f"{task}/{name}", tags=tags) as child:
+                child.log_params({"task": task, "loss": loss, "weighting": weighting, "one_hot": one_hot,
+                                  **d.settings})
+                for record in history:
+                    child.log_metrics({"train_loss": float(record["loss"])}, step=int(record["epoch"]))
+                scores = {}
+                for r in variant_rows:
+                    scores[f"{r['test_set']}.score"] = float(r["score"])
+                    scores[f"{r['test_set']}.semantic_distance"] = float(r["semantic_distance"])
+                child.log_metrics({**scores, "seconds": variant_rows[0]["seconds"]})
+        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
+        labels = {name: y for name, _, y in evaluation_sets(fed)}
+        io.write_npz(out.out / f"predictions_{task}.npz",
+                     **{f"{v}|{s}": pr for v, by_set in probabilities.items() for s, pr in by_set.items()},
+                     **{f"labels|{s}": y for s, y in labels.items()})
+        task_table = pd.DataFrame([r for r in rows if r["task"] == task])
+        out.table(figs.results_table(task_table), f"table_{task}.csv")
+        out.figure(figs.expected_label_boxplots(probabilities, labels[ALL], LabelSpace.for_task(task),
+                                                ["Sinkhorn-E", "Entropy-E"]), f"expected_label_{task}.png")
+        all_rows = task_table[task_table.test_set == ALL]
+        metrics[task] = {r["variant"]: {"score": round(r["score"], 4),
+                                        "semantic_distance": round(r["semantic_distance"], 4)}
+                         for r in all_rows.to_dict("records")}
+    out.table(pd.DataFrame(rows), "results.csv")
+    out.table(pd.DataFrame(histories), "history.csv")
+    out.figure(figs.sinkhorn_vs_entropy(pd.DataFrame(rows)), "sinkhorn_vs_entropy.png")
+    return metrics
+
+
+STAGE = Stage("distill", DistillParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",))
+
+if __name__ == "__main__":  # DVC: python -m stages.distill
+    from flows.stage import main
+    raise SystemExit(main(STAGE))

@@ -1,12 +1,107 @@
-"""DVC stage ``estimate_bias``: each teacher's probability bias B_k on random texts (KNOT app. D.1)."""
-from otfed.stage import run_stage
+"""Stage ``estimate_bias`` — each teacher's probability bias B_k (KNOT §5.2, app. D.1).
+
+Each client feeds its own teacher random texts drawn from its own tokenizer vocabulary and sends the server
+the argmax frequencies B_k as a histogram message — the reference point of the L2-confidence weight E. The
+frozen global model's bias is estimated too (it is one more teacher under learning without forgetting).
+Writes ``reports/bias/``: the table, the figure and ``messages_<task>.npz``. One job per (task, teacher).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import pandas as pd
+from pydantic import Field
+
+from otfed.data.text import load_text_federation
+from otfed.device import stage_device
+from otfed.distill.bias import probability_bias, random_texts
+from otfed.federation.knot import bias_message, save_messages
+from otfed.federation.messages import Message
+from otfed.figures import distill as figs
+from otfed.models import TextClassifier
+from otfed.models.tokenizer import vocabulary
+from otfed.schema import Strict
+from stages import layout
+from stages.stage import Job, Report, Stage
+
+if TYPE_CHECKING:
+    from stages.params import Params
+
+# the folders this stage writes (declared in stages/layout.py); the first holds its reports and metrics.json
+OUTPUTS = (layout.BIAS_REPORTS,)
 
 
-def _flow(params):
-    from flows.estimate_bias import estimate_bias_flow_factory
+# ------------------------------------------------------------------------------------------ params
+class EstimateBiasParams(Strict):
+    """Stage ``estimate_bias``: B_k from random texts drawn from each teacher's vocabulary (KNOT app. D.1)."""
 
-    return estimate_bias_flow_factory(params)
+    n_texts: int = Field(2000, ge=10, le=10_000_000, description="Random texts per teacher (the papers: 100,000).")
+    text_length: int = Field(200, ge=1, le=10_000, description="Vocabulary entries per random text (papers: 200).")
+    batch_size: int = Field(256, ge=1)
 
 
-if __name__ == "__main__":
-    raise SystemExit(run_stage(_flow))
+def check(p: Params) -> None:
+    """The text partitions and the teachers' stage are configured (their outputs are this stage's inputs)."""
+    if p.partition.text is None:
+        raise ValueError("partition.text: required by the text-track stages (train_teachers, estimate_bias, "
+                         "distill)")
+    if p.train_teachers is None:
+        raise ValueError("train_teachers: required by estimate_bias and distill")
+
+
+# -------------------------------------------------------------------------------------------- jobs
+def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
+    """One job per (task, teacher): the task's local teachers in order, then its global model; the i-th
+    party of a task draws its random texts with seed ``run.seed + i``."""
+    eb = p.estimate_bias
+    device = stage_device(p.run.device)  # one torch thread per task on CPU
+    out = []
+    for task in p.train_teachers.tasks:
+        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
+        for i, party in enumerate(fed.parties):
+            out.append(Job(f"bias {task}/{party.name}", party_bias, dict(
+                task=task, party=party.name, model_dir=str(Path(layout.TEXT_MODELS) / task / party.name),
+                n_texts=eb.n_texts, text_length=eb.text_length, batch_size=eb.batch_size, seed=p.run.seed + i,
+                device=device)))
+    return out
+
+
+def party_bias(task: str, party: str, model_dir: str, n_texts: int, text_length: int, batch_size: int,
+               seed: int, device: str) -> tuple[dict[str, Any], Message]:
+    """B_k of one teacher (KNOT §5.2, app. D.1): argmax frequencies on ``n_texts`` random texts of
+    ``text_length`` entries drawn uniformly from the teacher's own tokenizer vocabulary. Client side: the
+    client sends only the histogram message."""
+    clf = TextClassifier.load(model_dir, device=device)
+    texts = random_texts(vocabulary(clf.tokenizer), n_texts, text_length, rng=seed)
+    bias = probability_bias(lambda batch: clf.predict_proba(batch, batch_size=len(batch)), texts,
+                            batch_size=batch_size, n_labels=len(clf.labels), description=f"bias {task}/{party}")
+    b = bias.numpy()
+    row = {"task": task, "party": party, **{label: float(v) for label, v in zip(clf.labels, b)},
+           "max_share": float(b.max()), "majority_label": clf.labels[int(b.argmax())]}
+    return row, bias_message(party, b)
+
+
+# ------------------------------------------------------------------------------------------ report
+def report(p: Params, results: list[tuple[dict[str, Any], Message]], out: Report,
+           dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """The bias messages (``messages_<task>.npz``), ``bias.csv`` and the figure; headline: each teacher's
+    largest label share."""
+    rows: list[dict[str, Any]] = []
+    metrics: dict[str, Any] = {}
+    for task in p.train_teachers.tasks:
+        mine = [(row, message) for row, message in results if row["task"] == task]
+        save_messages(out.out / f"messages_{task}.npz", [m for _, m in mine])
+        rows.extend(r for r, _ in mine)
+        metrics[task] = {r["party"]: round(r["max_share"], 4) for r, _ in mine}
+    table = pd.DataFrame(rows)
+    out.table(table, "bias.csv")
+    out.figure(figs.bias_figure(table), "bias.png")
+    return metrics
+
+
+STAGE = Stage("estimate_bias", EstimateBiasParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",))
+
+if __name__ == "__main__":  # DVC: python -m stages.estimate_bias
+    from flows.stage import main
+    raise SystemExit(main(STAGE))

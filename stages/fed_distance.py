@@ -1,12 +1,379 @@
-"""DVC stage ``fed_distance``: FedWaD toy study, federated OTDD between datasets, client clustering."""
-from otfed.stage import run_stage
+"""Stage ``fed_distance`` — FedWaD §5 (Rakotomamonjy et al., ICLR 2024): federated Wasserstein distances.
+
+* toy study (fig. 2/8/9): time and relative error vs n of approximate FedWaD, exact-interpolation FedWaD
+  and the exact W (POT network simplex) on two Gaussians; A^k per iteration (fig. 3, theorem 2);
+* federated OTDD between datasets (fig. 6): FedWaD on label-augmented samples next to the exact OTDD;
+* client clustering (§5 "boosting FL", tables 1–5): spectral clustering of clients from their pairwise
+  federated OTDDs, scored by ARI against the planted groups.
+
+One flat job list: every toy case, every convergence run, every OTDD pair and every clustering pair (one
+FedWaD session each, with its own per-pair seed). Degenerate clients (no samples, NaN features, a class
+with one sample) are left out of the distances and listed in ``degenerate_clients.csv``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from otfed.clustering import spectral_clusters
+from otfed.data.gaussians import gaussian_pair
+from otfed.data.store import load_federation
+from otfed.errors import DegenerateClientError, SupportGrowthError
+from otfed.federation.fedwad import FedWaDConfig, FedWaDResult, federated_wasserstein
+from otfed.federation.otdd import (client_pairs, distance_matrix, federated_otdd, matrix_and_ledger,
+                                   pairwise_sessions, usable_clients)
+from otfed.figures import fed_distance as figs
+from otfed.metrics import adjusted_rand_index, order_preservation
+from otfed.ot import otdd_exact, wasserstein
+from otfed.ot.otdd import LabelledData
+from otfed.schema import PositiveInt, Strict
+from stages import layout
+from stages.stage import Job, Report, Stage
+
+if TYPE_CHECKING:
+    from stages.params import Params
+
+# the folders this stage writes (declared in stages/layout.py); the first holds its reports and metrics.json
+OUTPUTS = (layout.FED_DISTANCE_REPORTS,)
+
+EXACT_SUPPORT_CAP = 10  # exact-interpolation FedWaD gives up once ξ has more than 10·n atoms
 
 
-def _flow(params):
-    from flows.fed_distance import fed_distance_flow_factory
+# ------------------------------------------------------------------------------------------ params
+class ToyParams(Strict):
+    """Toy Gaussians (FedWaD fig. 2–3): time and relative error vs n."""
 
-    return fed_distance_flow_factory(params)
+    n_values: list[PositiveInt] = Field(min_length=1)
+    supports: list[PositiveInt] = Field(min_length=1)
+    ratios: list[PositiveInt] = Field([1, 3], min_length=1, description="n_ν = n_μ / ratio.")
+    dims: list[PositiveInt] = Field([2, 50], min_length=1)
+    iterations: int = Field(20, ge=1)
+    exact_interp_max_n: int = Field(1000, ge=0, description="Skip exact-interpolation FedWaD above this n.")
+    repeats: int = Field(1, ge=1)
+    convergence_n: int = Field(500, ge=10, description="n for the A(k) convergence figure (fig. 3).")
 
 
-if __name__ == "__main__":
-    raise SystemExit(run_stage(_flow))
+class OTDDParams(Strict):
+    """Federated OTDD between datasets (FedWaD fig. 6)."""
+
+    federation: str = "otdd_benchmarks"
+    diagonal: bool = True
+    fedwad: FedWaDConfig = FedWaDConfig(support_size=200, iterations=20)
+
+
+class ClusteringParams(Strict):
+    """Pairwise federated OTDD between clients → spectral clustering (FedWaD §5, tables 1–5)."""
+
+    federations: list[str] = Field(min_length=1)
+    n_clusters: int = Field(5, ge=2)
+    neighbors: list[int] = Field([3, 5], description="kNN graph sizes; the precomputed affinity always runs.")
+    diagonal: bool = True
+    fedwad: FedWaDConfig = FedWaDConfig(support_size=10, iterations=10)
+
+
+class FedDistanceParams(Strict):
+    """Stage ``fed_distance``: toy study (fig. 2–3), federated OTDD (fig. 6), client clustering (tables 1–5)."""
+
+    toy: ToyParams
+    otdd: OTDDParams = OTDDParams()
+    clustering: ClusteringParams
+
+
+def check(p: Params) -> None:
+    """The OTDD federation exists and has one client per dataset; the clustering federations exist."""
+    known = p.partition.federations
+    ref = p.fed_distance.otdd.federation
+    if ref not in known:
+        raise ValueError(f"fed_distance.otdd.federation: unknown federation {ref!r}; defined: {sorted(known)}")
+    if known[ref].scheme != "by_dataset":
+        raise ValueError(f"fed_distance.otdd.federation: {ref!r} must have scheme 'by_dataset'")
+    for name in p.fed_distance.clustering.federations:
+        if name not in known:
+            raise ValueError(
+                f"fed_distance.clustering.federations: unknown federation {name!r}; defined: {sorted(known)}"
+            )
+
+
+# -------------------------------------------------------------------------------------------- jobs
+@dataclass(frozen=True)
+class Roster:
+    """A federation's usable clients (their data stay in the jobs), their planted groups, and the degenerate
+    clients left out (rows federation, client, reason)."""
+
+    clients: list[LabelledData]
+    groups: np.ndarray
+    degenerate: list[dict[str, str]]
+
+
+def roster(name: str, diagonal: bool) -> Roster:
+    """The usable clients of federation ``name`` (read from ``data/partitions``), checked client-side.
+
+    Raises DegenerateClientError when fewer than two clients are usable.
+    """
+    fed = load_federation(name, layout.PARTITIONS)
+    clients = [LabelledData(fed.client_names[k], *fed.client_data(k)) for k in range(fed.n_clients)]
+    keep, problems = usable_clients(clients, diagonal)
+    if len(keep) < 2:
+        raise DegenerateClientError(f"federation {name!r}: fewer than 2 usable clients; "
+                                    + "; ".join(r for _, r in problems))
+    return Roster([clients[k] for k in keep], fed.client_group[keep],
+                  [dict(federation=name, client=c, reason=r) for c, r in problems])
+
+
+def toy_cases(toy: ToyParams, seed: int) -> list[dict[str, Any]]:
+    """The arguments of every :func:`toy_case`: d × ratio × n × repeat (n_ν = n // ratio ≥ 1)."""
+    return [dict(dim=d, ratio=r, n=n, repeat=k, supports=toy.supports, iterations=toy.iterations,
+                 exact_interp_max_n=toy.exact_interp_max_n, seed=seed)
+            for d in toy.dims for r in toy.ratios for n in toy.n_values for k in range(toy.repeats)
+            if n // r >= 1]
+
+
+def convergence_runs(toy: ToyParams, seed: int) -> list[dict[str, Any]]:
+    """The arguments of every :func:`toy_convergence`: per d, S = 10 and S = n (approx, random t), S = n
+    with t = 0.5, and S = n with exact interpolation."""
+    n = toy.convergence_n
+    return [dict(dim=d, n=n, support=s, iterations=toy.iterations, interpolation=i, t=t, seed=seed)
+            for d in toy.dims for (s, i, t) in [(10, "approx", None), (n, "approx", None), (n, "approx", 0.5),
+                                                (n, "exact", None)]]
+
+
+def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
+    """Toy cases, convergence runs, OTDD pairs (self-pairs included), then every clustering pair."""
+    fd, seed = p.fed_distance, p.run.seed
+    out = [Job(f"toy d={kw['dim']} ratio={kw['ratio']} n={kw['n']} repeat={kw['repeat']}", toy_case, kw)
+           for kw in toy_cases(fd.toy, seed)]
+    out += [Job(f"convergence d={kw['dim']} {kw['interpolation']} S={kw['support']} "
+                f"t={'random' if kw['t'] is None else kw['t']}", toy_convergence, kw)
+            for kw in convergence_runs(fd.toy, seed)]
+    otdd = roster(fd.otdd.federation, fd.otdd.diagonal)
+    out += [Job(f"otdd {kw['a'].name}|{kw['b'].name}", otdd_pair, kw)
+            for kw in pairwise_sessions(otdd.clients, fd.otdd.fedwad, seed, fd.otdd.diagonal, include_diagonal=True)]
+    cfg = fd.clustering
+    for name in cfg.federations:
+        clients = roster(name, cfg.diagonal).clients
+        out += [Job(f"clustering {name} {kw['a'].name}|{kw['b'].name}", federated_otdd, kw)
+                for kw in pairwise_sessions(clients, cfg.fedwad, seed, cfg.diagonal)]
+    return out
+
+
+def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def toy_case(dim: int, ratio: int, n: int, repeat: int, supports: list[int], iterations: int,
+             exact_interp_max_n: int, seed: int, solver: str = "auto") -> list[dict[str, Any]]:
+    """One (d, ratio, n, repeat) cell of fig. 2: exact W, approximate FedWaD per support S, and
+    exact-interpolation FedWaD.
+
+    Rows: method, dim, ratio, n, n_nu, support, repeat, value (W2), exact (W2), rel_error, seconds.
+    Exact-interpolation FedWaD starts, as in the paper, from a support of size n (then the plans stay
+    near-permutations and the support stays ≈ n; from a small S it grows combinatorially); it is skipped
+    above ``exact_interp_max_n``.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, dim, ratio, n, repeat]))
+    x_mu, x_nu = gaussian_pair(n, ratio, dim, rng)
+    exact, t_exact = _timed(wasserstein, x_mu, x_nu, p=2)
+    base = dict(dim=dim, ratio=ratio, n=n, n_nu=len(x_nu), repeat=repeat, exact=exact)
+    rows = [dict(base, method="exact_ot", support=0, value=exact, rel_error=0.0, seconds=t_exact, note="")]
+    variants = [("fedwad_approx", FedWaDConfig(support_size=s, iterations=iterations, interpolation="approx",
+                                               solver=solver)) for s in supports]
+    if n <= exact_interp_max_n:
+        variants.append(("fedwad_exact_interp", FedWaDConfig(support_size=n, iterations=iterations,
+                                                             interpolation="exact", solver="network_simplex",
+                                                             max_support=EXACT_SUPPORT_CAP * n)))
+    for method, config in variants:
+        try:
+            result, secs = _timed(federated_wasserstein, x_mu, x_nu, config, seed=seed + repeat)
+        except SupportGrowthError as exc:  # unequal sizes split atoms every round: report, don't hang
+            rows.append(dict(base, method=method, support=config.support_size, value=np.nan, rel_error=np.nan,
+                             seconds=np.nan, note=str(exc)))
+            continue
+        rows.append(dict(base, method=method, support=config.support_size, value=result.estimate,
+                         rel_error=abs(result.estimate - exact) / exact, seconds=secs,
+                         note=f"final support {result.support_sizes[-1]}"))
+    return rows
+
+
+def toy_convergence(dim: int, n: int, support: int, iterations: int, interpolation: str,
+                    t: float | None, seed: int) -> list[dict[str, Any]]:
+    """A^k per iteration (fig. 3) for one setting, with the exact W for reference (ratio 1:1).
+
+    Uses the network simplex for every subproblem so that A^k is the quantity of theorem 2.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, dim, n, support, 7]))
+    x_mu, x_nu = gaussian_pair(n, 1, dim, rng)
+    exact = wasserstein(x_mu, x_nu, p=2)
+    config = FedWaDConfig(support_size=support, iterations=iterations, t=t, interpolation=interpolation,
+                          solver="network_simplex", record_history=True)
+    result = federated_wasserstein(x_mu, x_nu, config, seed=seed)
+    label = f"{interpolation}, S={support}, t={'random' if t is None else t}"
+    return [dict(dim=dim, n=n, support=support, interpolation=interpolation,
+                 t="random" if t is None else t, setting=label, iteration=k + 1, A=a, exact=exact,
+                 rel_gap=(a - exact) / exact)
+            for k, a in enumerate(result.history)]
+
+
+def otdd_pair(a: LabelledData, b: LabelledData, config: FedWaDConfig, seed: int,
+              diagonal: bool = True) -> dict[str, Any]:
+    """Federated OTDD (FedWaD on augmented samples) next to the exact OTDD on the same samples (fig. 6)."""
+    fed, t_fed = _timed(federated_otdd, a, b, config, seed=seed, diagonal=diagonal)
+    exact, t_exact = _timed(otdd_exact, a.x, a.y, b.x, b.y, diagonal=diagonal)
+    return dict(a=a.name, b=b.name, federated=fed.estimate, exact=exact, seconds_federated=t_fed,
+                seconds_exact=t_exact, bytes=fed.ledger.total_bytes, messages=len(fed.ledger.entries))
+
+
+def clustering_scores(distances: np.ndarray, groups: np.ndarray, n_clusters: int, neighbors: list[int],
+                      seed: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """Spectral clustering (precomputed rescaled affinity; kNN graphs) scored by ARI vs planted groups."""
+    rows: list[dict[str, Any]] = []
+    labels: dict[str, np.ndarray] = {}
+    settings = [("affinity", "precomputed", 0)] + [(f"knn{k}", "knn", k) for k in neighbors]
+    for name, affinity, k in settings:
+        pred = spectral_clusters(distances, n_clusters, affinity=affinity, n_neighbors=max(k, 1), seed=seed)
+        labels[name] = pred
+        rows.append(dict(method=name, n_neighbors=k, ari=adjusted_rand_index(groups, pred),
+                         n_clusters_found=len(np.unique(pred))))
+    return rows, labels
+
+
+# ------------------------------------------------------------------------------------------ report
+def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """Toy tables and figures, OTDD pairs and heatmaps, clustering matrices and ARIs, the communication
+    ledger and the degenerate clients; nested runs per toy method × support, for OTDD and per federation.
+
+    The results come in job order; each federation's roster (client names, planted groups, degenerate
+    clients) is read again from ``data/partitions``, the files the jobs read.
+    """
+    fd, seed = p.fed_distance, p.run.seed
+    remaining = iter(results)
+    toy_rows = [row for rows in islice(remaining, len(toy_cases(fd.toy, seed))) for row in rows]
+    conv_rows = [row for rows in islice(remaining, len(convergence_runs(fd.toy, seed))) for row in rows]
+    metrics: dict[str, Any] = {"toy": toy_metrics(pd.DataFrame(toy_rows), pd.DataFrame(conv_rows), out)}
+    otdd = roster(fd.otdd.federation, fd.otdd.diagonal)
+    metrics["otdd"] = otdd_metrics(fd.otdd, otdd, _take(remaining, len(otdd.clients), include_diagonal=True), out)
+    degenerate = list(otdd.degenerate)
+    rosters = []
+    for name in fd.clustering.federations:
+        r = roster(name, fd.clustering.diagonal)
+        degenerate += r.degenerate
+        rosters.append((name, r, _take(remaining, len(r.clients), include_diagonal=False)))
+    metrics["clustering"] = clustering_metrics(fd.clustering, rosters, seed, out)
+    out.table(pd.DataFrame(degenerate, columns=["federation", "client", "reason"]), "degenerate_clients.csv")
+    metrics["degenerate_clients"] = len(degenerate)
+    return metrics
+
+
+def _take(results: Iterator[Any], n_clients: int, include_diagonal: bool) -> list[Any]:
+    """The next results: one per client pair of ``n_clients`` (:func:`client_pairs` order)."""
+    return list(islice(results, len(client_pairs(n_clients, include_diagonal))))
+
+
+def toy_metrics(rows: pd.DataFrame, conv: pd.DataFrame, out: Report) -> dict[str, Any]:
+    """Fig. 2 and 3 tables and figures; one nested run per FedWaD method × support (rel_error and seconds
+    per (d, ratio), step = n); headline: relative errors at the largest n, total times, final A^k gaps."""
+    out.table(rows, "toy_gaussians.csv")
+    out.figure(figs.toy_figure(rows), "toy_time_error.png")
+    # one nested run per method × support, rel_error logged with step = n (MLflow compare view)
+    fed_rows = rows[rows.method != "exact_ot"]
+    fed_rows = fed_rows.assign(support=np.where(fed_rows.method == "fedwad_exact_interp", "n",
+                                                fed_rows.support.astype(str)))
+    for (method, support), sub in fed_rows.groupby(["method", "support"]):
+        with out.variant(f"toy/{method}/S{support}", tags={"method": method, "support": support}) as child:
+            child.log_params({"method": method, "support": support})
+            for (dim, ratio), cell in sub.groupby(["dim", "ratio"]):
+                for row in cell.groupby("n", as_index=False)[["rel_error", "seconds"]].mean().itertuples():
+                    child.log_metrics({f"rel_error_d{dim}_r{ratio}": row.rel_error,
+                                       f"seconds_d{dim}_r{ratio}": row.seconds}, step=int(row.n))
+    out.table(conv, "convergence.csv")
+    out.figure(figs.convergence_figure(conv), "convergence.png")
+
+    largest = rows[rows.n == rows.n.max()]
+    summary = {}
+    for (method, support, dim, ratio), cell in largest.groupby(["method", "support", "dim", "ratio"]):
+        if method == "fedwad_approx":
+            summary[f"{method}_S{support}_d{dim}_r{ratio}_rel_error"] = float(cell.rel_error.mean())
+    exact_interp = rows[rows.method == "fedwad_exact_interp"]
+    for (dim, ratio), cell in exact_interp[exact_interp.n == exact_interp.n.max()].groupby(["dim", "ratio"]):
+        summary[f"fedwad_exact_interp_n{int(cell.n.iloc[0])}_d{dim}_r{ratio}_rel_error"] = float(cell.rel_error.mean())
+    approx = rows[rows.method == "fedwad_approx"]
+    exact_rows = rows[rows.method == "exact_ot"]
+    summary["max_n"] = int(rows.n.max())
+    summary["seconds_fedwad_approx_total"] = float(approx.seconds.sum())
+    summary["seconds_exact_ot_total"] = float(exact_rows.seconds.sum())
+    last = conv.sort_values("iteration").groupby(["dim", "setting"]).tail(1)
+    for r in last.itertuples():
+        summary[f"convergence_gap_d{r.dim}_{r.interpolation}_S{r.support}_t{r.t}"] = float(r.rel_gap)
+    return summary
+
+
+def otdd_metrics(cfg: OTDDParams, otdd: Roster, results: list[dict[str, Any]], out: Report) -> dict[str, Any]:
+    """Fig. 6: the pairs table, federated vs exact heatmaps; headline: order preservation, relative errors,
+    self-distances, bytes per pair (also the nested run ``otdd``)."""
+    table = pd.DataFrame(results)
+    out.table(table, "otdd_pairs.csv")
+    n = len(otdd.clients)
+    pairs = client_pairs(n, include_diagonal=True)
+    fed_m = distance_matrix(n, pairs, [r["federated"] for r in results])
+    exact_m = distance_matrix(n, pairs, [r["exact"] for r in results])
+    order = order_preservation(exact_m, fed_m)
+    out.figure(figs.otdd_heatmaps([c.name for c in otdd.clients], fed_m, exact_m, order), "otdd_heatmaps.png")
+    off = table[table.a != table.b]
+    rel = (off.federated - off.exact).abs() / off.exact
+    summary = {"order_preserved": order, "mean_rel_error": float(rel.mean()), "max_rel_error": float(rel.max()),
+               "self_distance_federated_max": float(table[table.a == table.b].federated.max()),
+               "self_distance_exact_max": float(table[table.a == table.b].exact.max()),
+               "bytes_per_pair": float(off.bytes.mean())}
+    with out.variant("otdd", tags={"federation": cfg.federation}) as child:
+        child.log_metrics(summary)
+    return summary
+
+
+def clustering_metrics(cfg: ClusteringParams, rosters: list[tuple[str, Roster, list[FedWaDResult]]], seed: int,
+                       out: Report) -> dict[str, Any]:
+    """Tables 1–5: per federation the federated OTDD matrix with the clusters found, its heatmap, ARI per
+    method (nested run ``clustering/<federation>``); the ARI table and the communication ledger."""
+    summary: dict[str, Any] = {}
+    score_rows, ledgers = [], []
+    for name, r, results in rosters:
+        d, ledger = matrix_and_ledger(len(r.clients), results)
+        n_clusters = min(cfg.n_clusters, len(np.unique(r.groups)), len(r.clients))
+        rows, labels = clustering_scores(d, r.groups, max(n_clusters, 2), cfg.neighbors, seed)
+        for row in rows:
+            row["federation"] = name
+        score_rows.extend(rows)
+        matrix = pd.DataFrame(d, columns=[c.name for c in r.clients])
+        matrix.insert(0, "client", [c.name for c in r.clients])
+        matrix.insert(1, "group", r.groups)
+        for method, lab in labels.items():
+            matrix[f"cluster_{method}"] = lab
+        out.table(matrix, f"clustering_{name}_distances.csv", markdown=False)
+        best = max(row["ari"] for row in rows)
+        out.figure(figs.clustering_heatmap(d, r.groups, f"{name}: federated OTDD (best ARI {best:.2f})"),
+                   f"clustering_{name}.png")
+        cost = ledger.cost_table()
+        cost.insert(0, "federation", name)
+        ledgers.append(cost)
+        summary[name] = {row["method"]: row["ari"] for row in rows}
+        with out.variant(f"clustering/{name}", tags={"federation": name}) as child:
+            child.log_metrics({f"ari_{row['method']}": row["ari"] for row in rows} |
+                              {"bytes_total": float(ledger.total_bytes)})
+    out.table(pd.DataFrame(score_rows)[["federation", "method", "n_neighbors", "ari", "n_clusters_found"]],
+              "clustering_ari.csv")
+    out.table(pd.concat(ledgers, ignore_index=True), "communication.csv")
+    return summary
+
+
+STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check)
+
+if __name__ == "__main__":  # DVC: python -m stages.fed_distance
+    from flows.stage import main
+    raise SystemExit(main(STAGE))

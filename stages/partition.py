@@ -1,12 +1,132 @@
-"""DVC stage ``partition``: data/raw → data/partitions/<federation>.npz + manifest.json (+ reports/partition)."""
-from otfed.stage import run_stage
+"""Stage ``partition`` — the embedded data (``data/raw``) split into the federations every later stage reads.
+
+Feature track: each named federation of ``partition.federations`` (one client per dataset, iid, Dirichlet,
+class pairs, FedBary cases 1–5 with ground truth) → ``data/partitions/<name>.npz`` + ``manifest.json``.
+Text track (KNOT, SPEC §1): each task of ``partition.text.tasks`` → ``data/text_partitions/<task>/`` (local
+clients, the server's global dataset, the unlabelled transfer set). One job per federation and per task.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator
+
+from otfed import io
+from otfed.data.federations import FederationSpec, build_federation
+from otfed.data.store import save_federation
+from otfed.data.text import TextTask, TextTaskSpec, build_text_federation, federation_summary, save_text_federation
+from otfed.figures.partition import class_histograms
+from otfed.schema import Strict
+from stages import layout
+from stages.stage import Job, Report, Stage
+
+if TYPE_CHECKING:
+    from stages.params import Params
+
+# the folders this stage writes (declared in stages/layout.py); the first holds its reports and metrics.json
+OUTPUTS = (layout.PARTITION_REPORTS, layout.PARTITIONS, layout.TEXT_PARTITIONS)
 
 
-def _flow(params):
-    from flows.partition import partition_flow_factory
+# ------------------------------------------------------------------------------------------ params
+class TextPartitionParams(Strict):
+    """Text partitions: ``data/text_partitions/<task>/{parties.csv.gz, transfer.csv.gz, manifest.json}``."""
 
-    return partition_flow_factory(params)
+    tasks: dict[TextTask, TextTaskSpec] = Field(min_length=1, description="sa | erc | nli → its parties.")
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _task_from_key(cls, v: Any) -> Any:
+        """Each task's spec takes its ``task`` from its key (``sa:`` → task 'sa')."""
+        if isinstance(v, dict):
+            return {k: ({"task": k, **s} if isinstance(s, dict) and "task" not in s else s) for k, s in v.items()}
+        return v
+
+    @field_validator("tasks")
+    @classmethod
+    def _keys_are_tasks(cls, v: dict[str, TextTaskSpec]) -> dict[str, TextTaskSpec]:
+        for key, spec in v.items():
+            if key != spec.task:
+                raise ValueError(f"{key}: task {spec.task!r} under key {key!r}; the key is the task")
+        return v
 
 
-if __name__ == "__main__":
-    raise SystemExit(run_stage(_flow))
+class PartitionParams(Strict):
+    """Stage ``partition``: named federations of the embedded image data, and the KNOT text tasks."""
+
+    data_dir: str = "data/raw"
+    federations: dict[str, FederationSpec] = Field(min_length=1)
+    text: TextPartitionParams | None = Field(None, description="KNOT text track; None = feature track only.")
+
+    @field_validator("federations")
+    @classmethod
+    def _names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not name.replace("_", "").isalnum():
+                raise ValueError(f"federation name {name!r} must be letters, digits and underscores")
+        return v
+
+
+# -------------------------------------------------------------------------------------------- jobs
+def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
+    """One job per federation, then one per text task, each writing into the staged output folders."""
+    part, seed = p.partition, p.run.seed
+    out = [Job(f"federation {name}", federation_job,
+               dict(name=name, spec=spec, data_dir=part.data_dir, seed=seed, out_dir=str(dirs[layout.PARTITIONS])))
+           for name, spec in part.federations.items()]
+    if part.text is not None:
+        out += [Job(f"text {task}", text_task_job,
+                    dict(spec=spec, data_dir=part.data_dir, seed=seed, out_dir=str(dirs[layout.TEXT_PARTITIONS])))
+                for task, spec in part.text.tasks.items()]
+    return out
+
+
+def federation_job(name: str, spec: FederationSpec, data_dir: str, seed: int, out_dir: str) -> dict:
+    """Partition one federation and write ``<out_dir>/<name>.npz``; returns its manifest entry."""
+    data, entry = build_federation(name, spec, data_dir, seed)
+    save_federation(data, out_dir)
+    return {"federation": name, **entry}
+
+
+def text_task_job(spec: TextTaskSpec, data_dir: str, seed: int, out_dir: str) -> pd.DataFrame:
+    """Partition one KNOT task into parties (SPEC §1) and write ``<out_dir>/<task>/``; returns its summary."""
+    fed = build_text_federation(spec, data_dir, seed)
+    save_text_federation(fed, Path(out_dir) / spec.task)
+    return federation_summary(fed).assign(task=spec.task)
+
+
+# ------------------------------------------------------------------------------------------ report
+def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """``manifest.json``, the per-client table, the class-histogram figure, the text parties table."""
+    n_federations = len(p.partition.federations)
+    manifest = {}
+    for entry in results[:n_federations]:
+        entry = dict(entry)
+        manifest[entry.pop("federation")] = entry
+    io.write_json(manifest, dirs[layout.PARTITIONS] / "manifest.json")
+    rows = [dict(federation=f, client=c["name"], group=c["group"], n_train=c["n_train"], n_val=c["n_val"],
+                 n_corrupted=c["n_corrupted"], classes=int(np.count_nonzero(c["class_counts"])))
+            for f, e in manifest.items() for c in e["clients"]]
+    table = pd.DataFrame(rows)
+    out.table(table, "clients.csv")
+    out.figure(class_histograms(manifest), "class_histograms.png")
+    summary = {"federations": len(manifest), "clients": len(rows), "rows": int(table.n_train.sum() + table.n_val.sum()),
+               "corrupted": int(table.n_corrupted.sum())}
+    text_results = results[n_federations:]
+    if text_results:
+        text_table = pd.concat(text_results, ignore_index=True)
+        text_table = text_table[["task", *[c for c in text_table.columns if c != "task"]]]
+        out.table(text_table, "text_parties.csv")
+        summary["text_tasks"] = len(text_results)
+        summary["text_rows"] = int(text_table["n"].sum())
+    out.artifact(dirs[layout.PARTITIONS] / "manifest.json")
+    return summary
+
+
+STAGE = Stage("partition", PartitionParams, OUTPUTS, jobs, report, required=True)
+
+if __name__ == "__main__":  # DVC: python -m stages.partition
+    from flows.stage import main
+    raise SystemExit(main(STAGE))

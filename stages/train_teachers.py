@@ -1,12 +1,153 @@
-"""DVC stage ``train_teachers``: local teachers + the global model per KNOT task, their transfer-set predictions (table 1)."""
-from otfed.stage import run_stage
+"""Stage ``train_teachers`` — KNOT table 1 (SPEC §1): a teacher per local client and the server's global model.
+
+Every local client trains its teacher on its own partition (cross-entropy, early stopping on validation
+macro-F1) and labels the shared transfer set; the server pretrains the global model on its labelled dataset
+the same way (learning without forgetting). What leaves a client — transfer-set predictions and its dataset
+size — is written as typed messages, one file per task (``data/text_messages/<task>.npz``), and recorded in
+the ledger (``communication.csv``). Models go to ``models/text/<task>/<party>/``. One job per (task, party).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import pandas as pd
+from pydantic import Field
+
+from otfed.data.text import TextParty, TextTask, load_text_federation
+from otfed.device import stage_device
+from otfed.federation.knot import client_messages, save_messages
+from otfed.federation.ledger import Channel
+from otfed.federation.messages import Message
+from otfed.figures import distill as figs
+from otfed.metrics import macro_f1, score_name, task_score
+from otfed.models import EPOCH_KEYS, ModelSpec, TrainingConfig, build_classifier, train_classifier
+from otfed.schema import Strict
+from stages import layout
+from stages.stage import Job, Report, Stage
+
+if TYPE_CHECKING:
+    from stages.params import Params
+
+# the folders this stage writes (declared in stages/layout.py); the first holds its reports and metrics.json
+OUTPUTS = (layout.TEACHER_REPORTS, layout.TEXT_MODELS, layout.TEXT_MESSAGES)
 
 
-def _flow(params):
-    from flows.train_teachers import train_teachers_flow_factory
+# ------------------------------------------------------------------------------------------ params
+class TrainTeachersParams(Strict):
+    """Stage ``train_teachers``: one teacher per local client plus the global model, per task."""
 
-    return train_teachers_flow_factory(params)
+    tasks: list[TextTask] = Field(["sa", "erc", "nli"], min_length=1)
+    model: ModelSpec = ModelSpec()
+    party_models: dict[str, ModelSpec] = Field(
+        {}, description="'<task>.<party>' → model for that party (teachers may differ in architecture).")
+    training: TrainingConfig = TrainingConfig()
+    predict_batch_size: int = Field(128, ge=1)
 
 
-if __name__ == "__main__":
-    raise SystemExit(run_stage(_flow))
+def check(p: Params) -> None:
+    """The text partitions exist for every task trained; per-party models name real parties."""
+    text = p.partition.text
+    if text is None:
+        raise ValueError("partition.text: required by the text-track stages (train_teachers, estimate_bias, "
+                         "distill)")
+    tt = p.train_teachers
+    for i, task in enumerate(tt.tasks):
+        if task not in text.tasks:
+            raise ValueError(f"train_teachers.tasks[{i}]: task {task!r} has no partition.text.tasks entry; "
+                             f"defined: {sorted(text.tasks)}")
+    for key in tt.party_models:
+        task, _, party = key.partition(".")
+        spec = text.tasks.get(task)
+        parties = [] if spec is None else [*spec.locals, spec.global_party]
+        if party not in parties:
+            allowed = [f"{t}.{q}" for t, s in text.tasks.items() for q in [*s.locals, s.global_party]]
+            raise ValueError(f"train_teachers.party_models: unknown party {key!r}; allowed: {', '.join(allowed)}")
+
+
+# -------------------------------------------------------------------------------------------- jobs
+def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
+    """One job per (task, party): the task's local clients in order, then its global party."""
+    tt, seed = p.train_teachers, p.run.seed
+    device = stage_device(p.run.device)  # one torch thread per task on CPU
+    models = dirs[layout.TEXT_MODELS]
+    out = []
+    for task in tt.tasks:
+        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
+        for party in fed.parties:
+            out.append(Job(f"{task}/{party.name}", train_party, dict(
+                task=task, party=party, model=tt.party_models.get(f"{task}.{party.name}", tt.model),
+                training=tt.training, transfer_texts=fed.transfer_texts, label_names=fed.label_names,
+                out_dir=str(models / task / party.name), seed=seed, device=device,
+                predict_batch_size=tt.predict_batch_size)))
+    return out
+
+
+def train_party(task: str, party: TextParty, model: ModelSpec, training: TrainingConfig,
+                transfer_texts: Sequence[str], label_names: Sequence[str], out_dir: str, seed: int, device: str,
+                predict_batch_size: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[Message]]:
+    """Train one party's model on its own data (KNOT §6 teachers: cross-entropy, early stopping on
+    validation macro-F1), save it to ``out_dir``, and label the transfer set client-side.
+
+    Returns the Table 1 row, the per-epoch history and the client's outgoing messages.
+    """
+    start = time.perf_counter()
+    clf = build_classifier(model, label_names, party.train.texts, seed=seed, device=device)
+    result = train_classifier(clf, party.train.texts, party.train.labels, party.val.texts, party.val.labels,
+                              training, seed=seed, progress=True, description=f"{task}/{party.name}")
+    history = [{"task": task, "party": party.name, **record} for record in result.history]
+    clf.save(out_dir)
+    test_probs = clf.predict_proba(list(party.test.texts), batch_size=predict_batch_size)
+    transfer_probs = clf.predict_proba(list(transfer_texts), batch_size=predict_batch_size, progress=True)
+    n_labels = len(label_names)
+    row = {
+        "task": task, "party": party.name, "role": party.role, "source": party.source, "model": model.kind,
+        "parameters": int(clf.n_parameters), "n_train": len(party.train.texts), "n_val": len(party.val.texts),
+        "n_test": len(party.test.texts), "best_epoch": result.best_epoch, "val_macro_f1": result.best_score,
+        "test_score": task_score(task, party.test.labels, test_probs, n_labels), "score": score_name(task),
+        "test_macro_f1": macro_f1(party.test.labels, test_probs, n_labels=n_labels),
+        "seconds": time.perf_counter() - start,
+    }
+    return row, history, client_messages(party.name, transfer_probs, len(party.train.texts))
+
+
+# ------------------------------------------------------------------------------------------ report
+def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]], list[Message]]], out: Report,
+           dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """Table 1 (``teachers.csv``), the training history and curves, the message files and their ledger
+    (``communication.csv``); one nested run per (task, party) with its per-epoch metrics."""
+    channel = Channel(session="knot")
+    rows: list[dict[str, Any]] = []
+    histories: list[dict[str, Any]] = []
+    metrics: dict[str, Any] = {}
+    for task in p.train_teachers.tasks:
+        mine = [r for r in results if r[0]["task"] == task]
+        task_messages = []
+        for row, history, msgs in mine:
+            rows.append(row)
+            histories.extend(history)
+            for m in msgs:
+                channel.send(m)
+            task_messages.extend(msgs)
+            with out.variant(f"{task}/{row['party']}", tags={"task": task, "party": row["party"], "role": row["role"],
+                                                             "model": row["model"]}) as child:
+                for record in history:
+                    child.log_metrics({k: float(record[k]) for k in EPOCH_KEYS if k != "epoch"},
+                                      step=int(record["epoch"]))
+                child.log_metrics({k: float(row[k]) for k in ("test_score", "test_macro_f1", "val_macro_f1",
+                                                              "seconds")})
+        save_messages(dirs[layout.TEXT_MESSAGES] / f"{task}.npz", task_messages)
+        metrics[task] = {r["party"]: round(r["test_score"], 4) for r, _, _ in mine}
+    out.table(pd.DataFrame(rows), "teachers.csv")
+    out.table(pd.DataFrame(histories), "history.csv")
+    out.table(channel.ledger.cost_table(), "communication.csv")
+    out.figure(figs.training_curves(pd.DataFrame(histories)), "training_curves.png")
+    return metrics
+
+
+STAGE = Stage("train_teachers", TrainTeachersParams, OUTPUTS, jobs, report, check)
+
+if __name__ == "__main__":  # DVC: python -m stages.train_teachers
+    from flows.stage import main
+    raise SystemExit(main(STAGE))

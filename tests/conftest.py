@@ -3,11 +3,17 @@ thread per test — on a shared 2-core machine torch's intra-op threads waiting 
 tests 10–50× slower (one distillation test took 15 s instead of 0.3 s)."""
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
+import yaml
+
+from otfed.errors import ConfigError
+from stages.params import validate_params
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,3 +43,28 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def committed_params() -> dict:
+    """The committed params.yaml, parsed (not validated)."""
+    return yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+
+
+@pytest.fixture
+def raw(committed_params: dict) -> dict:
+    """A fresh copy of the committed params.yaml to mutate."""
+    return copy.deepcopy(committed_params)
+
+
+@pytest.fixture
+def config_error(committed_params: dict) -> Callable[[Callable[[dict], object]], str]:
+    """``config_error(mutate)``: the ConfigError message of the committed params after ``mutate``."""
+    def error_of(mutate: Callable[[dict], object]) -> str:
+        bad = copy.deepcopy(committed_params)
+        mutate(bad)
+        with pytest.raises(ConfigError) as info:
+            validate_params(bad)
+        return str(info.value)
+
+    return error_of

@@ -1,21 +1,14 @@
 """params.yaml schema of the KNOT text track: each bad value names its key path and what is allowed."""
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
-import yaml
 
-from otfed.config import load_params, validate_params
+from stages.params import load_params, validate_params
 from otfed.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def raw() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text())
 
 
 def test_committed_text_params_are_valid() -> None:
@@ -41,18 +34,26 @@ def test_committed_text_params_are_valid() -> None:
     (lambda d: d["estimate_bias"].update(n_texts=0), "estimate_bias.n_texts: Input should be greater than or equal to 10"),
     (lambda d: d["partition"].pop("text"), "partition.text: required by the text-track stages"),
     (lambda d: d["train_teachers"].update(tasks=["sa", "erc", "nli", "pos"]), "train_teachers.tasks[3]: Input should be"),
+    (lambda d: d.pop("train_teachers"), "train_teachers: required by estimate_bias and distill"),
+    (lambda d: d.pop("estimate_bias"), "estimate_bias: required by distill.weightings 'E' / one_hot_ablation"),
 ])
-def test_bad_text_params_name_the_key(raw: dict, mutate, expected: str) -> None:
-    data = copy.deepcopy(raw)
-    mutate(data)
-    with pytest.raises(ConfigError) as err:
-        validate_params(data)
-    assert expected in str(err.value)
+def test_bad_text_params_name_the_key(config_error, mutate, expected: str) -> None:
+    assert expected in config_error(mutate)
 
 
 def test_task_without_partition_is_refused(raw: dict) -> None:
-    data = copy.deepcopy(raw)
+    data = raw
     del data["partition"]["text"]["tasks"]["nli"]
     data["train_teachers"]["party_models"] = {}
     with pytest.raises(ConfigError, match=r"train_teachers.tasks\[2\]: task 'nli' has no partition.text.tasks entry"):
+        validate_params(data)
+
+
+def test_distill_without_bias_weighting_needs_no_estimate_bias(raw: dict) -> None:
+    data = raw
+    del data["estimate_bias"]
+    data["distill"].update(weightings=["A", "D", "U"], one_hot_ablation=False)
+    assert validate_params(data).estimate_bias is None
+    data["distill"]["one_hot_ablation"] = True  # the ablation is a Sinkhorn-E student
+    with pytest.raises(ConfigError, match="estimate_bias: required by distill.weightings 'E' / one_hot_ablation"):
         validate_params(data)

@@ -1,11 +1,14 @@
-"""dvc.yaml stays consistent with params.yaml: every federation a stage reads is among its deps."""
+"""dvc.yaml stays consistent with params.yaml: every federation a stage reads is among its deps.
+
+(Code deps, outs and params of every stage: tests/architecture/test_architecture.py.)"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
 
-from otfed.config import load_params
+from stages import layout
+from stages.params import load_params
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -14,10 +17,10 @@ def test_fed_distance_depends_on_the_federations_it_reads() -> None:
     params = load_params(REPO / "params.yaml")
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["fed_distance"]
     deps = set(stage["deps"])
-    out_dir = params.partition.out_dir
     needed = {params.fed_distance.otdd.federation, *params.fed_distance.clustering.federations}
     for name in needed:
-        assert f"{out_dir}/{name}.npz" in deps or out_dir in deps, f"dvc.yaml fed_distance misses {name}.npz"
+        assert f"{layout.PARTITIONS}/{name}.npz" in deps or layout.PARTITIONS in deps, \
+            f"dvc.yaml fed_distance misses {name}.npz"
 
 
 def test_every_stage_has_a_module_and_reads_its_params_group() -> None:
@@ -25,4 +28,4 @@ def test_every_stage_has_a_module_and_reads_its_params_group() -> None:
     for name, stage in stages.items():
         assert stage["cmd"] == f"python -m stages.{name}"
         assert (REPO / "stages" / f"{name}.py").is_file()
-        assert "run" in stage["params"]
+        assert "run" in stage["params"] and name in stage["params"]

@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from otfed.distill import LabelSpace
-from otfed.metrics import accuracy, expected_label_coordinates, macro_f1, semantic_distance, semantic_errors
+from otfed.label_space import LabelSpace
+from otfed.metrics import (accuracy, expected_label_coordinates, macro_f1, score_name, semantic_distance,
+                           semantic_errors, task_score)
 
 SA = LabelSpace.for_task("sa")
 ERC = LabelSpace.for_task("erc")
@@ -59,3 +60,14 @@ def test_semantic_distance_input_checks():
         semantic_distance(np.full((1, 5), 0.2), [5], SA)
     with pytest.raises(ValueError, match="do not match"):
         semantic_distance(np.full((1, 3), 1 / 3), [0], SA)
+
+
+def test_task_score_is_accuracy_for_nli_and_macro_f1_otherwise():
+    labels = [0, 0, 1, 1, 2]
+    probs = np.eye(3)[[0, 1, 1, 1, 0]]  # the macro-F1 example above, as one-hot scores
+    assert score_name("nli") == "accuracy" and task_score("nli", labels, probs, 3) == pytest.approx(0.6)
+    for task in ("sa", "erc"):
+        assert score_name(task) == "macro_f1"
+        assert task_score(task, labels, probs, 3) == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+    # n_labels counts a label that is neither present nor predicted (its F1 is 0)
+    assert task_score("sa", labels, probs, 4) == pytest.approx((0.5 + 0.8 + 0.0 + 0.0) / 4)

@@ -8,6 +8,7 @@
 * :mod:`otfed.data.corruption` — label flips, Gaussian feature noise and the five FedBary client
   cases with ground-truth corrupted indices (SPEC §3).
 * :mod:`otfed.data.apportionment` — exact integer shares (largest remainder, stratified dealing).
+* :mod:`otfed.data.gaussians` — the two Gaussians of FedWaD's toy study (population W2 = 4).
 
 All randomness comes from a caller-supplied ``numpy.random.Generator``.
 """

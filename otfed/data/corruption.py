@@ -7,15 +7,23 @@ FedBary (SPEC §3; paper appendix 10.1) values 5 clients built from one labelled
 Every corrupted sample is recorded, so detection (datum values g > 0, SPEC §3 eq. 10) can be scored
 against the exact truth. Feature noise is drawn independently per sample (the authors' code shared
 one noise image per batch of 32; reference-notes §2.4).
+
+Noise planted in a stored federation by the valuation stages (the one home of noise planting):
+:func:`plant_noise` corrupts a share of every group's rows, :func:`corrupted_federation` applies it to
+every client of a :class:`~otfed.data.store.FederationData` (FedBary fig. 5, table 4), and
+:func:`noisy_client_federation` gives one client feature noise (the fig. 4 outlier histogram).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from otfed.data.apportionment import largest_remainder, stratified_split
+from otfed.data.parties import n_classes_of
+from otfed.data.store import TRAIN, FederationData
 
 CASES: dict[int, str] = {
     1: "same distribution, same size",
@@ -244,3 +252,52 @@ def fedbary_case(
         description=description,
         noise_kind=noise_kind,
     )
+
+
+# ------------------------------------------------------------------------- noise planted in-stage
+def plant_noise(x: np.ndarray, y: np.ndarray, groups: np.ndarray, kind: str, rate: float, noise_std: float,
+                n_classes: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Corrupt round(rate · n_k) rows of every group k (client): labels flipped to a different class
+    (:func:`flip_labels`, FedBary case 4) or N(0, std²) feature noise (:func:`add_feature_noise`, case 5).
+    Returns the corrupted (x float64, y) and the boolean ground-truth mask."""
+    idx = np.concatenate([np.sort(rng.choice(np.flatnonzero(groups == g),
+                                             int(np.floor(rate * np.sum(groups == g) + 0.5)), replace=False))
+                          for g in np.unique(groups)]).astype(np.int64)
+    if kind == "label":
+        y = flip_labels(y, idx, n_classes, rng)
+        x = np.asarray(x, dtype=np.float64)
+    elif kind == "feature":
+        x = add_feature_noise(x, idx, noise_std, rng)
+    else:
+        raise ValueError(f"unknown noise kind {kind!r}; allowed: label, feature")
+    mask = np.zeros(len(y), dtype=bool)
+    mask[idx] = True
+    return x, y, mask
+
+
+def corrupted_federation(fed: FederationData, kind: str, rate: float, noise_std: float, seed: int) -> FederationData:
+    """``fed`` with round(rate · n_k) training rows of every client corrupted (:func:`plant_noise`: labels
+    flipped or feature noise, in the stored feature space), ``corrupted`` set to the ground truth; seeded
+    by (seed, kind, rate)."""
+    train = np.flatnonzero(fed.split == TRAIN)
+    stream = [seed, ("label", "feature").index(kind), int(round(rate * 1e4))]
+    rng = np.random.default_rng(np.random.SeedSequence(stream))
+    n_classes = n_classes_of(fed.y, fed.y_test)
+    x, y, mask = plant_noise(fed.x[train], fed.y[train], fed.client[train], kind, rate, noise_std, n_classes, rng)
+    new_x, new_y, corrupted = fed.x.astype(np.float64).copy(), fed.y.copy(), np.zeros(len(fed.y), dtype=bool)
+    new_x[train], new_y[train], corrupted[train] = x, y, mask
+    return dataclasses.replace(fed, x=new_x.astype(np.float32), y=new_y, corrupted=corrupted)
+
+
+def noisy_client_federation(fed: FederationData, client: int, fraction: float, noise_std: float,
+                            seed: int) -> FederationData:
+    """``fed`` with N(0, noise_std²) feature noise (:func:`add_feature_noise`, in the stored feature
+    space) on round(fraction · n_k) training rows of client ``client`` only — the one noisy client among
+    clean ones of FedBary fig. 4 — and ``corrupted`` marking exactly those rows; seeded by (seed, 3)."""
+    rows = fed.rows(client)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+    chosen = np.sort(rng.choice(rows, int(np.floor(fraction * len(rows) + 0.5)), replace=False))
+    noisy_x = add_feature_noise(fed.x, chosen, noise_std, rng)
+    corrupted = np.zeros(len(fed.y), dtype=bool)
+    corrupted[chosen] = True
+    return dataclasses.replace(fed, x=noisy_x.astype(np.float32), corrupted=corrupted)

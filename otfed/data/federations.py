@@ -7,9 +7,10 @@ weights anywhere. The same spec and seed give byte-identical federations.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal, Union
 
 import numpy as np
+from pydantic import Field
 
 from otfed.data.corruption import fedbary_case
 from otfed.data.features import check_finite, fit_pca, pixel_features, reduce_features
@@ -18,6 +19,67 @@ from otfed.data.partition import (partition_class_pairs, partition_dirichlet, pa
                                   split_train_val)
 from otfed.data.store import FederationData
 from otfed.errors import DataFileError
+from otfed.schema import Strict
+
+ImageDataset = Literal["mnist", "fashionmnist", "kmnist", "usps", "cifar10"]
+
+
+class _FederationBase(Strict):
+    dataset: ImageDataset = "mnist"
+    image_size: int | None = Field(None, ge=4, le=64, description="Resize images to size×size (USPS 16→28).")
+    pca_components: int = Field(0, ge=0, description="0 = raw pixels; else PCA fitted on the public test split.")
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    test_samples: int = Field(1000, ge=0, description="Server-side test samples (official test split).")
+
+
+class ByDatasetFederation(_FederationBase):
+    """One client per dataset (federated OTDD between datasets, FedWaD fig. 6)."""
+
+    scheme: Literal["by_dataset"]
+    datasets: list[ImageDataset] = Field(min_length=2)
+    samples_per_client: int = Field(1000, ge=10, le=5000)
+
+
+class IidFederation(_FederationBase):
+    """Clients with iid shares of the training split."""
+
+    scheme: Literal["iid"]
+    n_clients: int = Field(ge=1, le=1000)
+    samples: int | None = Field(None, ge=1, description="Train samples used in all (None = all).")
+
+
+class DirichletFederation(_FederationBase):
+    """Label-skewed clients: per class, client shares ~ Dir(α)."""
+
+    scheme: Literal["dirichlet"]
+    n_clients: int = Field(ge=1, le=1000)
+    alpha: float = Field(gt=0.0)
+    samples: int | None = Field(None, ge=1)
+
+
+class ClassPairsFederation(_FederationBase):
+    """FedWaD 'boosting FL' partition: strong structure (fixed pairs) or none (random pair per client)."""
+
+    scheme: Literal["class_pairs"]
+    n_clients: int = Field(ge=10, le=1000)
+    structure: Literal["strong", "none"]
+    samples: int | None = Field(None, ge=1)
+
+
+class FedBaryCaseFederation(_FederationBase):
+    """FedBary client cases 1–5 (SPEC §3) with ground-truth corrupted indices."""
+
+    scheme: Literal["fedbary_case"]
+    case: int = Field(ge=1, le=5)
+    n_clients: int = Field(5, ge=2, le=100)
+    samples_per_client: int = Field(200, ge=10)
+    noise_std: float = Field(1.0, gt=0.0, description="Feature-noise std (case 5), in [0,1]-pixel units.")
+
+
+FederationSpec = Annotated[
+    Union[ByDatasetFederation, IidFederation, DirichletFederation, ClassPairsFederation, FedBaryCaseFederation],
+    Field(discriminator="scheme"),
+]
 
 
 def _features(dataset: str, split: str, image_size: int | None, root: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -33,8 +95,9 @@ def _subsample(n_pool: int, n: int | None, rng: np.random.Generator) -> np.ndarr
     return np.sort(rng.choice(n_pool, size=n, replace=False))
 
 
-def build_federation(name: str, spec: Any, data_dir: str | Path, seed: int) -> tuple[FederationData, dict]:
-    """Partition one federation as declared by ``spec`` (a validated config model); returns data + manifest."""
+def build_federation(name: str, spec: FederationSpec, data_dir: str | Path, seed: int) -> tuple[FederationData, dict]:
+    """Partition one federation as declared by ``spec`` (one of the federation specs above); returns data +
+    its manifest entry."""
     root = Path(data_dir)
     rng = np.random.default_rng(np.random.SeedSequence([seed, *name.encode()]))
     scheme = spec.scheme
@@ -117,7 +180,7 @@ def build_federation(name: str, spec: Any, data_dir: str | Path, seed: int) -> t
     return data, manifest_entry(data, spec)
 
 
-def manifest_entry(data: FederationData, spec: Any) -> dict:
+def manifest_entry(data: FederationData, spec: FederationSpec) -> dict:
     """Per-federation manifest: spec, sizes, class histograms and ground-truth corrupted rows per client."""
     n_classes = int(max(data.y.max(initial=0), data.y_clean.max(initial=0))) + 1
     clients = []

@@ -10,8 +10,9 @@ Public names (implementation modules in parentheses):
 - ``LabelSpace`` — a task's label coordinates (SA, ERC, NLI, one-hot ablation) and
   ``cost_matrix()``                                                                   (label_space)
 - ``entropic_histogram_transport(p, q, cost, eps, ...)`` — batched entropic OT between label
-  histograms: plan, potentials, values, convergence (``HistogramTransport``)          (sinkhorn)
-- ``sinkhorn_histogram_loss(p, q, cost, eps, ...)`` — T_ε for every sample × teacher   (sinkhorn)
+  histograms: plan, potentials, values, convergence (``HistogramTransport``)
+- ``sinkhorn_histogram_loss(p, q, cost, eps, ...)`` — T_ε for every sample × teacher
+  (these three live in :mod:`otfed.ot.entropic_histograms`, re-exported here for KNOT's readers)
 - ``weights_A``, ``weights_D``, ``weights_U``, ``weights_E``, ``teacher_weights`` — W_k (weights)
 - ``random_texts``, ``probability_bias`` — a teacher's probability bias B_k           (bias)
 - ``ensemble_loss``, ``kl_histogram_loss``, ``teacher_stack`` — eq. 3, the KL baseline and
@@ -21,9 +22,9 @@ Semantic Distance, macro-F1 and accuracy live in :mod:`otfed.metrics`.
 """
 
 from otfed.distill.bias import random_texts, probability_bias
-from otfed.distill.label_space import LabelSpace
+from otfed.label_space import LabelSpace
 from otfed.distill.losses import ensemble_loss, kl_histogram_loss, teacher_stack
-from otfed.distill.sinkhorn import HistogramTransport, entropic_histogram_transport, sinkhorn_histogram_loss
+from otfed.ot.entropic_histograms import HistogramTransport, entropic_histogram_transport, sinkhorn_histogram_loss
 from otfed.distill.weights import teacher_weights, weights_A, weights_D, weights_E, weights_U
 
 __all__ = [

@@ -5,7 +5,7 @@ For a transfer batch x_1..x_B, student predictions h_θ(x_b) (B×C) and K teache
 
     L = (1/B) Σ_b Σ_k W̄_bk · T(h_θ(x_b), h_k(x_b)),   W̄_bk = W_bk / Σ_j W_bj,
 
-with T the entropic OT cost on the label support (:func:`otfed.distill.sinkhorn.sinkhorn_histogram_loss`)
+with T the entropic OT cost on the label support (:func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`)
 or KL(h_k(x) || h_θ(x)) for the papers' "Entropy" baseline.
 
 **Normalised weights.** Eq. 3 writes Σ_k W_k T_k, but the papers' appendix E gives its gradient as
@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
-from otfed.distill.label_space import LabelSpace
-from otfed.distill.sinkhorn import sinkhorn_histogram_loss
+from otfed.label_space import LabelSpace
+from otfed.ot.entropic_histograms import sinkhorn_histogram_loss
 
 KINDS = ("sinkhorn", "kl")
 REDUCTIONS = ("mean", "none")
@@ -95,7 +95,7 @@ def ensemble_loss(
       are divided by their sum, as in the papers' appendix E.
     - ``kind``: "sinkhorn" — T = entropic OT transport cost on the label support with ground ``cost``
       (a C×C tensor or a :class:`LabelSpace`) and regularisation ``eps`` (``sinkhorn_options`` go to
-      :func:`otfed.distill.sinkhorn.sinkhorn_histogram_loss`, e.g. ``value="regularized"``, or
+      :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`, e.g. ``value="regularized"``, or
       ``threads=None`` to solve with torch's intra-op thread setting instead of one thread); or "kl" —
       T = KL(h_k(x) || h_θ(x)), the "Entropy" baseline.
     - ``reduction``: "mean" (a scalar) or "none" (the B per-sample losses).

@@ -1,7 +1,7 @@
 """Server-side training of KNOT's global student on the transfer set (KNOT §5, eq. 3; SPEC §1).
 
 The server holds the student h_θ (initialised from its pretrained global model), the unlabelled transfer
-texts and a :class:`~otfed.federation.knot.TeacherEnsemble` built from client messages. It minimises
+texts and a :class:`~otfed.distill.ensemble.TeacherEnsemble` built from client messages. It minimises
 eq. 3 — Σ_k W̄_k(h_k(x)) · T(h_θ(x), h_k(x)) averaged over mini-batches — with T the entropic OT cost on
 the label geometry ("Sinkhorn") or KL ("Entropy"). Teacher weights are computed once from the messages
 (:func:`ensemble_weights`); they depend on the teachers only, never on θ.
@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from otfed.distill.losses import ensemble_loss
 from otfed.distill.weights import teacher_weights
-from otfed.federation.knot import TeacherEnsemble
+from otfed.distill.ensemble import TeacherEnsemble
 from otfed.models.training import seeded_dropout
 
 

@@ -64,55 +64,43 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from pydantic import Field
+
 from otfed.errors import DegenerateClientError, SupportGrowthError
-from otfed.federation.fedwad import (FedWaDConfig, Interpolation, Solver, draw_t, interpolation_step,
+from otfed.federation.fedwad import (FedWaDConfig, draw_t, interpolation_step,
                                      subproblem_solver)
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
 from otfed.federation.otdd import LabelledData, augmented_measure
 from otfed.ot import Measure, interpolate_approx, optimal_transport
+from otfed.valuation.calibrated import datum_values as calibrated_datum_values
 
 BarycenterStep = Literal["reweighted", "interpolants"]
 Potential = Literal["sinkhorn", "exact"]
 
 
-@dataclass(frozen=True)
-class FedBaryConfig:
-    """Algorithm 1 settings.
+class FedBaryConfig(FedWaDConfig):
+    """Algorithm 1 settings — also the ``fedbary`` params groups of ``params.yaml``.
 
-    ``support_size`` S: atoms of every γ_i (and of the barycenter support X̃_Q). ``t=None`` draws
-    t ~ U(0, 1) at every interpolation. ``p``: W_p with ground cost ||x − y||^p. ``interpolation`` /
-    ``solver`` as in :class:`~otfed.federation.fedwad.FedWaDConfig`. ``init_scale``: γ_i^(0) and X̃_Q^(0)
-    atoms ~ N(0, init_scale² I). ``barycenter_step``: see the module docstring; ``min_geodesic_fraction``
-    floors ŝ_i (guards against division by ~0). ``diagonal``: diagonal class covariances in the label augmentation (SPEC §3).
-    ``max_support``: exact mode raises :class:`SupportGrowthError` when a γ_i grows beyond it.
+    FedWaD's protocol settings (``t``, ``p``, ``interpolation``, ``solver``, ``init_scale``,
+    ``max_support`` and their checks, :class:`~otfed.federation.fedwad.FedWaDConfig`) plus:
+    ``support_size`` S — atoms of every γ_i and of the barycenter support X̃_Q (γ_i^(0) and X̃_Q^(0)
+    atoms ~ N(0, init_scale² I)); ``barycenter_step`` — see the module docstring;
+    ``min_geodesic_fraction`` floors ŝ_i (guards against division by ~0); ``diagonal`` — diagonal class
+    covariances in the label augmentation (SPEC §3); ``potential`` — the dual potentials behind datum
+    values (calibrated gradients, eq. 10).
     """
 
-    support_size: int = 50
-    iterations: int = 20
-    t: float | None = None
-    p: int = 2
-    interpolation: Interpolation = "approx"
-    solver: Solver = "auto"
-    init_scale: float = 1.0
+    support_size: int = Field(50, ge=1, le=20000, description="S, atoms of every γ_i and of the barycenter.")
+    iterations: int = Field(10, ge=1, le=10000, description="K.")
     barycenter_step: BarycenterStep = "reweighted"
-    min_geodesic_fraction: float = 1e-3
+    min_geodesic_fraction: float = Field(1e-3, gt=0.0, le=1.0)
     diagonal: bool = True
-    max_support: int | None = None
-
-    def __post_init__(self) -> None:
-        # FedWaDConfig validates t, p, interpolation, solver, sizes
-        self.fedwad()
-        if self.barycenter_step not in ("reweighted", "interpolants"):
-            raise ValueError(f"barycenter_step must be 'reweighted' or 'interpolants', got {self.barycenter_step!r}")
-        if not 0.0 < self.min_geodesic_fraction <= 1.0:
-            raise ValueError(f"min_geodesic_fraction must be in (0, 1], got {self.min_geodesic_fraction}")
+    potential: Potential = Field("sinkhorn", description="Dual potentials for datum values.")
 
     def fedwad(self) -> FedWaDConfig:
         """The FedWaD settings used for every interpolation and OT subproblem."""
-        return FedWaDConfig(support_size=self.support_size, iterations=self.iterations, t=self.t, p=self.p,
-                            interpolation=self.interpolation, solver=self.solver, init_scale=self.init_scale,
-                            max_support=self.max_support)
+        return FedWaDConfig(**self.model_dump(include=set(FedWaDConfig.model_fields)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -282,11 +270,9 @@ class BaryClient:
 
         Computed locally; never sent. See :func:`otfed.valuation.calibrated.calibrated_gradient`.
         """
-        from otfed.valuation.calibrated import datum_values
-
         if self._eta_q is None:
             raise RuntimeError(f"client {self.name!r} has received no η_Q yet")
-        return datum_values(self._measure, self._eta_q, p=self._config.p, potential=potential, **options)
+        return calibrated_datum_values(self._measure, self._eta_q, p=self._config.p, potential=potential, **options)
 
 
 class BaryServer:
@@ -440,3 +426,15 @@ def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig,
             raise DegenerateClientError(f"server validation set: {exc}") from exc
     server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
     return fedbary(clients, server, channel=channel, datum_values=datum_values, potential=potential)
+
+
+def fedbary_on_measures(measures: Sequence[Measure], names: Sequence[str], config: FedBaryConfig,
+                        target: Measure | None = None, seed: int = 0, datum_values: bool = False,
+                        potential: Potential = "sinkhorn") -> FedBaryResult:
+    """FedBary Algorithm 1 on clients given as (already label-augmented) measures, seeded exactly as
+    :func:`federated_valuation` (same ``seed`` and measures → same numbers), so that runs on modified
+    measures share every random draw (γ_i^(0), X̃_Q^(0), the t's) with the original (FedBary table 3)."""
+    seeds = np.random.SeedSequence(seed).spawn(len(measures) + 1)
+    clients = [BaryClient(name, m, config, np.random.default_rng(s)) for name, m, s in zip(names, measures, seeds)]
+    server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
+    return fedbary(clients, server, datum_values=datum_values, potential=potential)

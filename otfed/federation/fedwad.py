@@ -20,47 +20,53 @@ from typing import Literal
 
 import numpy as np
 
+from pydantic import Field, model_validator
+
 from otfed.errors import SupportGrowthError
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
 from otfed.ot import Measure, interpolating_measure, optimal_transport
+from otfed.schema import InterpolationTime, Strict
 
 Interpolation = Literal["approx", "exact"]
 Solver = Literal["auto", "network_simplex", "semidual_newton"]
 
 
-@dataclass(frozen=True)
-class FedWaDConfig:
-    """Algorithm 1 settings. ``t=None`` draws t ~ U(0,1) independently at every interpolation (default:
-    with a fixed t = 0.5 the estimate stalls strictly above W in dimension ≥ 10, SPEC §2).
+class FedWaDConfig(Strict):
+    """Algorithm 1 settings — also the ``fedwad`` params groups of ``params.yaml``.
+
+    ``t="random"`` (default; ``None`` is accepted as the same) draws t ~ U(0,1) independently at every
+    interpolation: with a fixed t = 0.5 the estimate stalls strictly above W in dimension ≥ 10 (SPEC §2).
 
     ``solver="auto"`` picks per subproblem (:func:`subproblem_solver`): the network simplex for exact
     interpolation (eq. 5 needs its sparse vertex plan) and for comparable sizes; the semi-dual Newton
     solver when one side is ≥ 100× larger than the other (S ≪ n), where it is 6–180× faster.
+    ``record_history`` keeps A^k per iteration; ``max_support`` (exact mode) stops with
+    :class:`SupportGrowthError` beyond this many atoms.
     """
 
-    support_size: int = 10
-    iterations: int = 20
-    t: float | None = None
-    p: int = 2
+    support_size: int = Field(10, ge=1, le=20000, description="S, support of the interpolating measure ξ.")
+    iterations: int = Field(20, ge=1, le=10000, description="K.")
+    t: InterpolationTime = Field("random", description="'random' (default) or a fixed t in (0,1).")
+    p: Literal[1, 2] = 2
     interpolation: Interpolation = "approx"
-    solver: Solver = "auto"
-    init_scale: float = 1.0
+    solver: Solver = Field("auto", description="auto: network simplex for exact interpolation and comparable "
+                                               "sizes, semi-dual Newton for approx with S ≪ n.")
+    init_scale: float = Field(1.0, gt=0.0, description="ξ⁰ ~ N(0, init_scale² I).")
     record_history: bool = False
-    max_support: int | None = None  # exact mode: stop with SupportGrowthError beyond this many atoms
+    max_support: int | None = Field(None, ge=1)
 
-    def __post_init__(self) -> None:
-        if self.t is not None and not 0.0 < self.t < 1.0:
-            raise ValueError(f"t must be None (random) or in (0, 1), got {self.t}")
-        if self.p not in (1, 2):
-            raise ValueError(f"p must be 1 or 2, got {self.p}")
-        if self.interpolation not in ("approx", "exact"):
-            raise ValueError(f"interpolation must be 'approx' or 'exact', got {self.interpolation!r}")
-        if self.support_size < 1 or self.iterations < 1:
-            raise ValueError("support_size and iterations must be ≥ 1")
+    @model_validator(mode="after")
+    def _exact_needs_simplex(self) -> "FedWaDConfig":
         if self.interpolation == "exact" and self.solver == "semidual_newton":
-            raise ValueError("exact interpolation (eq. 5) needs the sparse vertex plan of the network simplex; "
-                             "an entropic plan is dense and the support would grow to n·m atoms")
+            raise ValueError("solver: exact interpolation (eq. 5) needs 'network_simplex' (or 'auto'): an "
+                             "entropic plan is dense and the support would grow to n·m atoms")
+        return self
+
+    @property
+    def fixed_t(self) -> float | None:
+        """The fixed interpolation time, or None when t is drawn at random."""
+        return None if self.t == "random" else float(self.t)
 
 
 SEMIDUAL_MIN_RATIO = 100
@@ -79,7 +85,7 @@ def subproblem_solver(config: FedWaDConfig, n: int, m: int) -> str:
 
 def draw_t(config: FedWaDConfig, rng: np.random.Generator) -> float:
     """The interpolation time: fixed, or a fresh t ~ U(0,1) drawn privately by the party (privacy option)."""
-    return float(config.t) if config.t is not None else float(rng.uniform(1e-6, 1.0 - 1e-6))
+    return config.fixed_t if config.fixed_t is not None else float(rng.uniform(1e-6, 1.0 - 1e-6))
 
 
 def interpolation_step(source: Measure, target: Measure, t: float, config: FedWaDConfig) -> tuple[Measure, float]:

@@ -9,18 +9,19 @@ message recorded in the ledger:
 
 The server never receives client texts, labels or model weights. :func:`teacher_ensemble` is the only
 way the server-side distillation code gets teacher information: it builds a :class:`TeacherEnsemble`
-from received messages alone. Messages persist between stages in one ``.npz`` file per task
+from received messages alone (:func:`server_ensemble`: the teachers of a KNOT run, in order). Messages
+persist between stages in one ``.npz`` file per task
 (:func:`save_messages` / :func:`load_messages`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from otfed import io
+from otfed.distill.ensemble import TeacherEnsemble
 from otfed.errors import DataFileError
 from otfed.federation.messages import SERVER, CountMessage, HistogramMessage, Message, PredictionMessage
 
@@ -40,30 +41,6 @@ def client_messages(party: str, transfer_probabilities: np.ndarray, n_train: int
 def bias_message(party: str, bias: np.ndarray) -> HistogramMessage:
     """A KNOT client's probability bias B_k (KNOT app. D.1), sent for the "E" weighting."""
     return HistogramMessage(kind=BIAS, sender=party, receiver=SERVER, histogram=np.asarray(bias, dtype=np.float64))
-
-
-@dataclass(frozen=True)
-class TeacherEnsemble:
-    """What the KNOT server knows about its teachers — built from messages only (:func:`teacher_ensemble`).
-
-    ``probabilities`` is N×K×C (transfer sample × teacher × label), ``dataset_sizes`` K and ``biases``
-    K×C (None when no bias messages were received). Teacher order is ``names``.
-    """
-
-    names: tuple[str, ...]
-    probabilities: np.ndarray
-    dataset_sizes: np.ndarray
-    biases: np.ndarray | None
-
-    @property
-    def n_teachers(self) -> int:
-        return len(self.names)
-
-    def subset(self, names: Sequence[str]) -> "TeacherEnsemble":
-        """The ensemble restricted to (and ordered as) ``names``."""
-        index = [self.names.index(n) for n in names]
-        return TeacherEnsemble(tuple(names), self.probabilities[:, index], self.dataset_sizes[index],
-                               None if self.biases is None else self.biases[index])
 
 
 def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = None) -> TeacherEnsemble:
@@ -106,6 +83,15 @@ def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = 
         dataset_sizes=np.asarray([sizes[n] for n in names], dtype=np.int64),
         biases=np.stack([biases[n] for n in names]) if biases else None,
     )
+
+
+def server_ensemble(messages: Iterable[Message], locals: Sequence[str], global_party: str | None = None,
+                    ) -> TeacherEnsemble:
+    """The KNOT server's teacher ensemble from the messages it received (KNOT §3): the local teachers in
+    ``locals`` order, then — under learning without forgetting (SPEC §1) — the frozen global model
+    ``global_party`` as one more teacher (None: locals only). Messages from anyone else are ignored."""
+    order = [*locals, *([] if global_party is None else [global_party])]
+    return teacher_ensemble([m for m in messages if m.sender in order], order=order)
 
 
 def save_messages(path: str | Path, messages: Sequence[Message]) -> None:

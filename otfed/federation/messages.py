@@ -31,7 +31,9 @@ class Message:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return ()
+        """The shape of the payload's main array (a measure's support, a prediction matrix, …)."""
+        arrays = self.arrays()
+        return tuple(arrays[0].shape) if arrays else ()
 
     @property
     def nbytes(self) -> int:
@@ -49,10 +51,6 @@ class MeasureMessage(Message):
     def arrays(self) -> tuple[np.ndarray, ...]:
         return (self.measure.support, self.measure.weights)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.measure.support.shape)
-
 
 @dataclass(frozen=True)
 class DistanceMessage(Message):
@@ -64,10 +62,6 @@ class DistanceMessage(Message):
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         return (np.asarray([self.value], dtype=np.float64),)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (1,)
 
 
 # ------------------------------------------------------------------------------ KNOT (text track)
@@ -90,10 +84,6 @@ class PredictionMessage(Message):
     def arrays(self) -> tuple[np.ndarray, ...]:
         return (self.probabilities,)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.probabilities.shape)
-
 
 @dataclass(frozen=True)
 class HistogramMessage(Message):
@@ -112,10 +102,6 @@ class HistogramMessage(Message):
     def arrays(self) -> tuple[np.ndarray, ...]:
         return (self.histogram,)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.histogram.shape)
-
 
 @dataclass(frozen=True)
 class CountMessage(Message):
@@ -127,7 +113,3 @@ class CountMessage(Message):
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         return (np.asarray([self.value], dtype=np.int64),)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (1,)

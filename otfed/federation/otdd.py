@@ -10,9 +10,8 @@ augmented space and two distances — never samples, labels or class statistics.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import combinations_with_replacement
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -20,32 +19,7 @@ from otfed.errors import DegenerateClientError
 from otfed.federation.fedwad import (FedWaDConfig, FedWaDResult, WassersteinClient, WassersteinServer,
                                      fedwad)
 from otfed.federation.ledger import Channel, Ledger
-from otfed.ot import Measure, augment_with_label_stats, class_statistics
-
-
-@dataclass(frozen=True)
-class LabelledData:
-    """One client's private labelled dataset (stays on the client)."""
-
-    name: str
-    x: np.ndarray
-    y: np.ndarray
-
-
-def augmented_measure(data: LabelledData, diagonal: bool = True) -> Measure:
-    """Client-side: the uniform measure on label-augmented samples [x; m_y; vec(Σ_y^{1/2})].
-
-    Raises DegenerateClientError naming the client if it has no samples, NaN/inf features, or a class
-    with fewer than two samples (its covariance is undefined).
-    """
-    x = np.asarray(data.x, dtype=np.float64)
-    y = np.asarray(data.y)
-    if x.ndim != 2 or x.shape[0] == 0:
-        raise DegenerateClientError(f"client {data.name!r} has no samples")
-    if x.shape[0] != y.shape[0]:
-        raise DegenerateClientError(f"client {data.name!r}: {x.shape[0]} samples but {y.shape[0]} labels")
-    stats = class_statistics(x, y, diagonal=diagonal, client=data.name)
-    return Measure.uniform(augment_with_label_stats(x, y, stats))
+from otfed.ot.otdd import LabelledData, augmented_measure
 
 
 def labelled_client(data: LabelledData, config: FedWaDConfig, rng: np.random.Generator,
@@ -84,22 +58,35 @@ def distance_matrix(n: int, pairs: Iterable[tuple[int, int]], values: Sequence[f
     return d
 
 
+def pairwise_sessions(clients: Sequence[LabelledData], config: FedWaDConfig, seed: int = 0,
+                      diagonal: bool = True, include_diagonal: bool = False) -> list[dict[str, Any]]:
+    """The arguments of :func:`federated_otdd` for every client pair (:func:`client_pairs` order), each
+    with its own :func:`pair_seed`: one independent FedWaD session per pair, to run in any order or place."""
+    return [dict(a=clients[i], b=clients[j], config=config, seed=pair_seed(seed, i, j), diagonal=diagonal)
+            for i, j in client_pairs(len(clients), include_diagonal)]
+
+
+def matrix_and_ledger(n: int, results: Sequence[FedWaDResult], include_diagonal: bool = False
+                      ) -> tuple[np.ndarray, Ledger]:
+    """The symmetric n × n matrix of per-pair estimates and one ledger of every message, from the results
+    of the :func:`pairwise_sessions` (in their order)."""
+    ledger = Ledger()
+    for result in results:
+        ledger.extend(result.ledger)
+    return distance_matrix(n, client_pairs(n, include_diagonal), [r.estimate for r in results]), ledger
+
+
 def pairwise_federated_otdd(clients: Sequence[LabelledData], config: FedWaDConfig, seed: int = 0,
                             diagonal: bool = True, include_diagonal: bool = False,
                             map_fn: Callable[..., list[FedWaDResult]] | None = None
                             ) -> tuple[np.ndarray, Ledger]:
-    """The matrix of federated OTDDs between all clients (one FedWaD session per pair).
+    """The matrix of federated OTDDs between all clients (one FedWaD session per pair) and their ledger.
 
-    ``map_fn(fn, list_of_kwargs)`` may fan the pairs out (e.g. over Prefect tasks); default: in order.
+    ``map_fn(fn, list_of_kwargs)`` may fan the pairs out; default: in order.
     """
-    pairs = client_pairs(len(clients), include_diagonal)
-    jobs = [dict(a=clients[i], b=clients[j], config=config, seed=pair_seed(seed, i, j), diagonal=diagonal)
-            for i, j in pairs]
-    results = map_fn(federated_otdd, jobs) if map_fn else [federated_otdd(**job) for job in jobs]
-    ledger = Ledger()
-    for result in results:
-        ledger.extend(result.ledger)
-    return distance_matrix(len(clients), pairs, [r.estimate for r in results]), ledger
+    sessions = pairwise_sessions(clients, config, seed, diagonal, include_diagonal)
+    results = map_fn(federated_otdd, sessions) if map_fn else [federated_otdd(**s) for s in sessions]
+    return matrix_and_ledger(len(clients), results, include_diagonal)
 
 
 def usable_clients(clients: Sequence[LabelledData], diagonal: bool = True

@@ -1,6 +1,6 @@
 """Tables and figures of the KNOT text track (stages ``train_teachers``, ``estimate_bias``, ``distill``).
 
-Each figure function returns a matplotlib Figure for :meth:`otfed.tracking.TrackedRun.log_figure`.
+Each figure function returns a matplotlib Figure (the stages' report steps write and log it).
 """
 from __future__ import annotations
 

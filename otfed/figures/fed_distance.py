@@ -1,4 +1,4 @@
-"""Figures of stage ``fed_distance`` (matplotlib, Agg backend): each returns a Figure for tracking.log_figure."""
+"""Figures of stage ``fed_distance`` (matplotlib, Agg backend): each returns a Figure for the report step."""
 from __future__ import annotations
 
 from typing import Sequence

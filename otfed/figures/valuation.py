@@ -1,5 +1,5 @@
 """Figures of stages ``barycenter_valuation`` and ``noisy_removal`` (matplotlib, Agg backend): each returns
-a Figure for tracking.log_figure."""
+a Figure for the report step (``Report.figure``)."""
 from __future__ import annotations
 
 import matplotlib

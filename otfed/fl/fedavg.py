@@ -18,15 +18,30 @@ from __future__ import annotations
 
 import math
 
-import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from pydantic import Field
+
+from otfed.device import torch_threads
+from otfed.schema import PositiveInt, Strict
+
 State = dict[str, torch.Tensor]
+
+
+class FedAvgConfig(Strict):
+    """FedAvg settings — also the ``fedavg`` params groups: softmax regression (``hidden: []``) or an MLP
+    with ``hidden`` widths, ``rounds`` of ``epochs`` local passes with SGD step ``lr``."""
+
+    rounds: int = Field(10, ge=1, le=10000)
+    epochs: int = Field(5, ge=1, le=1000, description="Local epochs per round.")
+    lr: float = Field(0.1, gt=0.0, le=10.0)
+    batch_size: int | None = Field(None, ge=1, description="None = full batch.")
+    hidden: list[PositiveInt] = Field([], description="Hidden widths; [] = multinomial logistic regression.")
 
 
 class FeedForward(nn.Module):
@@ -69,25 +84,6 @@ def build_model(state: State, device: str | torch.device = "cpu") -> FeedForward
     return model
 
 
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run the block with ``torch.set_num_threads(n)`` and restore the previous value (None: unchanged).
-
-    Small models train fastest single-threaded: on the shared 2-core development machine a 15-step
-    update of a 4-16-3 MLP took 1.03 s with torch's default 2 threads and 0.03 s with 1. The setting is
-    process-wide while the block runs.
-    """
-    if n is None:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(int(n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def _detached(model: nn.Module) -> State:
     return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
 
@@ -128,7 +124,7 @@ def client_update(state: State, data: tuple[np.ndarray, np.ndarray], epochs: int
     """ClientUpdate of FedAvg (McMahan et al. 2017, alg. 1): ``epochs`` passes of plain SGD with step
     ``lr`` on the mean cross-entropy of mini-batches (shuffled by ``seed``; the whole data set as one
     batch when ``batch_size`` is None). Pure: returns a new state (on CPU), ``state`` is not modified.
-    ``num_threads``: torch CPU threads while training (:func:`torch_threads`; None leaves torch's)."""
+    ``num_threads``: torch CPU threads while training (:func:`otfed.device.torch_threads`; None leaves torch's)."""
     with torch_threads(num_threads):
         return _client_update(state, data, epochs, lr, seed, batch_size, device)
 
@@ -228,3 +224,15 @@ def fedavg(clients: Sequence[tuple[np.ndarray, np.ndarray]], state: State, round
         if eval_data is not None:
             accuracy.append(evaluate(state, *eval_data, device=device, num_threads=num_threads))
     return FedAvgResult(state=state, accuracy=accuracy)
+
+
+def fedavg_accuracy(clients: Sequence[tuple[np.ndarray, np.ndarray]], eval_data: tuple[np.ndarray, np.ndarray],
+                    n_classes: int, config: FedAvgConfig, seed: int) -> float:
+    """Accuracy on ``eval_data`` of :func:`fedavg` (McMahan et al. 2017, alg. 1) over ``clients`` with the
+    ``config`` settings, from the state :func:`init_state` draws with ``seed``; no clients → the initial
+    model's accuracy. The utility of FedBary §5.1's client-level games and the score of its table 4."""
+    state = init_state(eval_data[0].shape[1], n_classes, hidden=config.hidden, seed=seed)
+    if clients:
+        state = fedavg(clients, state, rounds=config.rounds, epochs=config.epochs, lr=config.lr, seed=seed,
+                       batch_size=config.batch_size).state
+    return evaluate(state, *eval_data)

@@ -9,19 +9,22 @@ Public names (implementation modules in parentheses):
 
 - ``train_wordpiece``, ``vocabulary`` — a deterministic BERT-style WordPiece tokenizer trained on a
   party's texts; its vocabulary in id order (for the probability bias, KNOT app. D.1)   (tokenizer)
-- ``ModelSpec``, ``MODEL_KINDS`` — the architecture: "bert", "distilbert" or "checkpoint"   (text)
+- ``ModelSpec``, ``MODEL_KINDS`` — the architecture: "bert", "distilbert" or "checkpoint"; also the
+  ``train_teachers.model`` params group                                                        (text)
 - ``Text`` — one input: a string or a (first, second) pair such as NLI's premise/hypothesis  (text)
 - ``TextClassifier`` — tokenizer + model + max_length: ``encode``, ``logits``, ``predict_proba``,
   ``save`` / ``load``                                                                          (text)
 - ``build_classifier`` — a fresh seeded classifier for a spec                                  (text)
-- ``train_classifier``, ``TrainResult``, ``predict_labels`` — cross-entropy training with early
-  stopping on validation macro-F1                                                          (training)
+- ``TrainingConfig``, ``train_classifier``, ``TrainResult``, ``predict_labels`` — cross-entropy training
+  with early stopping on validation macro-F1 (``TrainingConfig`` is also the
+  ``train_teachers.training`` params group)                                                (training)
 - ``seeded_dropout`` — dropout from a private generator (thread-safe reproducibility)      (training)
 """
 
 from otfed.models.text import MODEL_KINDS, ModelSpec, Text, TextClassifier, build_classifier, resolve_device
 from otfed.models.tokenizer import train_wordpiece, vocabulary
-from otfed.models.training import EPOCH_KEYS, TrainResult, predict_labels, seeded_dropout, train_classifier
+from otfed.models.training import (EPOCH_KEYS, TrainingConfig, TrainResult, predict_labels, seeded_dropout,
+                                   train_classifier)
 
 __all__ = [
     "MODEL_KINDS",
@@ -33,6 +36,7 @@ __all__ = [
     "train_wordpiece",
     "vocabulary",
     "EPOCH_KEYS",
+    "TrainingConfig",
     "TrainResult",
     "train_classifier",
     "predict_labels",

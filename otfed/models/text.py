@@ -19,21 +19,23 @@ from __future__ import annotations
 import inspect
 import json
 import threading
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Literal, Sequence, Union, get_args
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 from torch import nn
 from tqdm.auto import tqdm
 
 from otfed.errors import ConfigError, DataFileError
 from otfed.io import staged_directory, write_json
-from otfed.orchestration import resolve_device as run_device
+from otfed.device import resolve_device as resolve_device_name
 from otfed.models.tokenizer import train_wordpiece
+from otfed.schema import Strict
 
-MODEL_KINDS = ("bert", "distilbert", "checkpoint")
+ModelKind = Literal["bert", "distilbert", "checkpoint"]
+MODEL_KINDS: tuple[str, ...] = get_args(ModelKind)
 
 #: The file :meth:`TextClassifier.save` writes beside the Hugging Face files.
 META_FILE = "otfed_classifier.json"
@@ -65,9 +67,9 @@ def flatten_texts(texts: Iterable[Text]) -> list[str]:
     return firsts + (seconds or [])
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """The architecture of one party's classifier (SPEC §1: a BERT-tiny-sized encoder + classifier).
+class ModelSpec(Strict):
+    """The architecture of one party's classifier (SPEC §1: a BERT-tiny-sized encoder + classifier) — also the
+    ``train_teachers.model`` params group and each entry of ``train_teachers.party_models``.
 
     ``layers``/``hidden``/``heads``/``intermediate`` are BERT-tiny's shape (the papers' teacher) and map to
     DistilBERT's n_layers/dim/n_heads/hidden_dim. ``dropout`` is used for hidden states and attention
@@ -77,41 +79,31 @@ class ModelSpec:
     required for — and only for — ``kind="checkpoint"``.
     """
 
-    kind: str = "bert"
-    layers: int = 2
-    hidden: int = 128
-    heads: int = 2
-    intermediate: int = 512
-    dropout: float = 0.1
-    max_length: int = 128
-    vocab_size: int = 8000
-    checkpoint: str | None = None
+    kind: ModelKind = "bert"
+    layers: int = Field(2, ge=1, le=48)
+    hidden: int = Field(128, ge=8, le=4096)
+    heads: int = Field(2, ge=1, le=64)
+    intermediate: int = Field(512, ge=8, le=16384)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    max_length: int = Field(128, ge=8, le=4096, description="Tokens per input (the papers clip at 200).")
+    vocab_size: int = Field(8000, ge=100, le=200000, description="WordPiece vocabulary trained per party.")
+    checkpoint: str | None = Field(None, description="kind=checkpoint: a local Hugging Face model directory.")
 
-    def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ConfigError(f"model.kind: must be one of {', '.join(MODEL_KINDS)} (got {self.kind!r})")
-        for name in ("layers", "hidden", "heads", "intermediate", "max_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"model.{name}: must be an integer ≥ 1 (got {value!r})")
-        if self.max_length < 2:
-            raise ConfigError(f"model.max_length: must be ≥ 2 to hold [CLS] and [SEP] (got {self.max_length})")
+    @model_validator(mode="after")
+    def _shape(self) -> "ModelSpec":
+        if self.kind == "checkpoint" and not self.checkpoint:
+            raise ValueError("kind 'checkpoint' needs checkpoint: <a local Hugging Face model directory>")
+        if self.kind != "checkpoint" and self.checkpoint is not None:
+            raise ValueError(f"checkpoint is only read with kind 'checkpoint' (kind is {self.kind!r})")
         if self.hidden % self.heads:
-            raise ConfigError(f"model.hidden: must be a multiple of model.heads (got {self.hidden} and {self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout: must lie in [0, 1) (got {self.dropout})")
-        if self.vocab_size < 6:
-            raise ConfigError(f"model.vocab_size: must be ≥ 6 (got {self.vocab_size})")
-        if (self.kind == "checkpoint") != (self.checkpoint is not None):
-            raise ConfigError("model.checkpoint: required for kind 'checkpoint' and only for it "
-                              f"(kind {self.kind!r}, checkpoint {self.checkpoint!r})")
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        return self
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"`` → cuda when available, else cpu; None → cpu; anything else as given (``"cuda:1"``)."""
-    if device is None:
-        return torch.device("cpu")
-    return torch.device(run_device(str(device)))
+    """:func:`otfed.device.resolve_device` as a ``torch.device``: ``"auto"`` → cuda when available, else
+    cpu; None → cpu; anything else as given (``"cuda:1"``)."""
+    return torch.device(resolve_device_name(None if device is None else str(device)))
 
 
 class TextClassifier:
@@ -254,7 +246,7 @@ class TextClassifier:
         labels, max_length) to ``directory``, atomically: built beside it, then swapped in."""
         directory = Path(directory)
         meta = {"labels": list(self.labels), "max_length": self.max_length,
-                "spec": None if self.spec is None else asdict(self.spec),
+                "spec": None if self.spec is None else self.spec.model_dump(),
                 "architecture": type(self.model).__name__}
         with staged_directory(directory) as tmp:
             self.model.save_pretrained(tmp)
@@ -278,7 +270,7 @@ class TextClassifier:
             raise DataFileError(f"{meta_path}: unreadable classifier metadata ({exc})") from exc
         spec = None
         if meta.get("spec"):
-            known = {f.name for f in fields(ModelSpec)}
+            known = set(ModelSpec.model_fields)
             spec = ModelSpec(**{k: v for k, v in meta["spec"].items() if k in known})
         tokenizer, model, info = _load_pretrained(directory, labels, output_loading_info=True, strict=True)
         incomplete = sorted(set(info.get("missing_keys", ())) | {str(k[0]) for k in info.get("mismatched_keys", ())})

@@ -24,12 +24,14 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 from tqdm.auto import tqdm
 
 from otfed.errors import DegenerateClientError
 from otfed.metrics import accuracy, macro_f1
 from otfed.models.text import TextClassifier
+from otfed.schema import Strict
 
 #: Keys of every per-epoch record in :attr:`TrainResult.history` (and of the dict given to ``on_epoch``).
 EPOCH_KEYS = ("epoch", "train_loss", "val_macro_f1", "val_accuracy", "seconds")
@@ -137,6 +139,22 @@ def seeded_dropout(model: nn.Module, generator: torch.Generator) -> Iterator[nn.
 
 
 # --------------------------------------------------------------------------------------- training
+class TrainingConfig(Strict):
+    """Supervised training of a teacher or the global model (SPEC §1; KNOT §6): cross-entropy, AdamW, early
+    stopping on validation macro-F1 — also the ``train_teachers.training`` params group.
+
+    ``patience``: epochs without a strictly better validation macro-F1 before stopping (None: run all
+    ``epochs``).
+    """
+
+    epochs: int = Field(5, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=4096)
+    lr: float = Field(5e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
+    patience: int | None = Field(2, ge=1, le=1000,
+                                 description="Epochs without a better validation macro-F1 before stopping.")
+
+
 @dataclass
 class TrainResult:
     """Outcome of :func:`train_classifier`: the restored (best) epoch, its validation macro-F1, and one
@@ -174,12 +192,8 @@ def train_classifier(
     train_labels: Sequence[int] | np.ndarray,
     val_texts: Sequence[str],
     val_labels: Sequence[int] | np.ndarray,
+    config: TrainingConfig | None = None,
     *,
-    epochs: int = 5,
-    batch_size: int = 32,
-    lr: float = 5e-4,
-    weight_decay: float = 0.01,
-    patience: int | None = 2,
     seed: int = 0,
     on_epoch: Callable[[dict], None] | None = None,
     progress: bool = True,
@@ -188,21 +202,21 @@ def train_classifier(
 ) -> TrainResult:
     """Fit ``clf`` in place on labelled texts with the cross-entropy loss (SPEC §1 teachers; KNOT §6).
 
-    Labels are column indices 0..C−1 of ``clf.labels``. Each epoch: shuffled mini-batches (order from a
-    generator seeded with ``seed``), AdamW (``lr``, ``weight_decay`` on weight matrices), dropout from a
-    private generator (:func:`seeded_dropout`); then the validation macro-F1 (over all C labels) and
-    accuracy. Stops after ``patience`` epochs without a strictly better validation macro-F1 (None: run
-    all ``epochs``) and restores the best epoch's weights; the model is left in eval mode. Texts are
-    tokenised once. ``on_epoch`` receives each epoch's record (keys :data:`EPOCH_KEYS`) as it ends — the
-    stage logs it to MLflow; a tqdm bar per epoch shows progress unless ``progress=False``. The same
-    seed and inputs give identical weights on CPU.
+    Labels are column indices 0..C−1 of ``clf.labels``; ``config`` defaults to ``TrainingConfig()``. Each
+    epoch: shuffled mini-batches of ``config.batch_size`` (order from a generator seeded with ``seed``), AdamW
+    (``config.lr``, ``config.weight_decay`` on weight matrices), dropout from a private generator
+    (:func:`seeded_dropout`); then the validation macro-F1 (over all C labels) and accuracy. Stops after
+    ``config.patience`` epochs without a strictly better validation macro-F1 (None: run all ``config.epochs``)
+    and restores the best epoch's weights; the model is left in eval mode. Texts are tokenised once.
+    ``on_epoch`` receives each epoch's record (keys :data:`EPOCH_KEYS`) as it ends; a tqdm bar per epoch shows
+    progress unless ``progress=False``. The same seed and inputs give identical weights on CPU.
     """
+    config = TrainingConfig() if config is None else config
+    epochs, batch_size, lr, weight_decay, patience = (config.epochs, config.batch_size, config.lr,
+                                                      config.weight_decay, config.patience)
     name = description or "classifier"
-    if epochs < 1 or batch_size < 1 or eval_batch_size < 1:
-        raise ValueError(f"epochs, batch_size and eval_batch_size must be ≥ 1 (got {epochs}, {batch_size}, "
-                         f"{eval_batch_size})")
-    if patience is not None and patience < 1:
-        raise ValueError(f"patience must be ≥ 1 or None, got {patience}")
+    if eval_batch_size < 1:
+        raise ValueError(f"eval_batch_size must be ≥ 1 (got {eval_batch_size})")
     if not len(train_texts):
         raise DegenerateClientError(f"{name}: no training texts")
     if not len(val_texts):

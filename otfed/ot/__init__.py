@@ -1,4 +1,4 @@
-"""Optimal-transport primitives used by FedWaD, federated OTDD and FedBary (SPEC §0, §2).
+"""Optimal-transport primitives used by FedWaD, federated OTDD, FedBary and KNOT (SPEC §0–§2).
 
 Public names (implementation modules in parentheses):
 
@@ -10,6 +10,9 @@ Public names (implementation modules in parentheses):
 - ``semidual_plan(a, b, M, eps_rel, tol, max_newton, g_init)`` — fast entropic
   semi-dual Newton solver for small-vs-large problems (FedWaD subproblems)               (semidual)
 - ``sinkhorn_log(a, b, M, eps, max_iter, tol)`` — log-domain Sinkhorn                   (entropic)
+- ``entropic_histogram_transport(p, q, cost, eps, ...)`` — batched entropic OT (torch)
+  between histograms on one label support: plan, potentials, values, convergence
+  (``HistogramTransport``); ``sinkhorn_histogram_loss`` — KNOT's T_ε, differentiable   (entropic_histograms)
 - ``interpolate_exact``, ``interpolate_approx``, ``interpolating_measure`` — FedWaD
   interpolating measures, eqs. 5 and 10                                                 (interpolation)
 - ``ClassStats``, ``class_statistics``, ``augment_with_label_stats``, ``label_cost``,
@@ -17,6 +20,7 @@ Public names (implementation modules in parentheses):
 """
 
 from otfed.ot.entropic import sinkhorn_log
+from otfed.ot.entropic_histograms import HistogramTransport, entropic_histogram_transport, sinkhorn_histogram_loss
 from otfed.ot.exact import Transport, cost_matrix, exact_plan, optimal_transport, wasserstein
 from otfed.ot.interpolation import interpolate_approx, interpolate_exact, interpolating_measure
 from otfed.ot.measures import Measure
@@ -39,6 +43,9 @@ __all__ = [
     "optimal_transport",
     "semidual_plan",
     "sinkhorn_log",
+    "HistogramTransport",
+    "entropic_histogram_transport",
+    "sinkhorn_histogram_loss",
     "interpolate_exact",
     "interpolate_approx",
     "interpolating_measure",

@@ -14,6 +14,7 @@ import numpy as np
 
 from otfed.errors import DegenerateClientError
 from otfed.ot.exact import DEFAULT_NUM_ITERMAX, cost_matrix, exact_plan
+from otfed.ot.measures import Measure
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,3 +179,28 @@ def otdd_exact(
     n, m = M.shape
     plan = exact_plan(np.full(n, 1.0 / n), np.full(m, 1.0 / m), M, num_itermax=num_itermax)
     return float(np.sqrt(max(float((plan * M).sum()), 0.0)))
+
+
+@dataclass(frozen=True)
+class LabelledData:
+    """One client's private labelled dataset (stays on the client)."""
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray
+
+
+def augmented_measure(data: LabelledData, diagonal: bool = True) -> Measure:
+    """Client-side: the uniform measure on label-augmented samples [x; m_y; vec(Σ_y^{1/2})].
+
+    Raises DegenerateClientError naming the client if it has no samples, NaN/inf features, or a class
+    with fewer than two samples (its covariance is undefined).
+    """
+    x = np.asarray(data.x, dtype=np.float64)
+    y = np.asarray(data.y)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise DegenerateClientError(f"client {data.name!r} has no samples")
+    if x.shape[0] != y.shape[0]:
+        raise DegenerateClientError(f"client {data.name!r}: {x.shape[0]} samples but {y.shape[0]} labels")
+    stats = class_statistics(x, y, diagonal=diagonal, client=data.name)
+    return Measure.uniform(augment_with_label_stats(x, y, stats))

@@ -13,6 +13,7 @@ gradients are larger for more *harmful* points (as in FedBary; rank descending t
   permutations (Castro et al. 2009; Ghorbani & Zou 2019 without truncation).
 - :class:`KNNShapley` — exact Shapley values of the K-nearest-neighbour utility by the closed-form
   recursion of Jia et al. (2019, theorem 1), O(N log N) per validation point.
+- :func:`knn_leave_one_out` — leave-one-out values of the same utility in one pass.
 - :class:`Lava` — LAVA (Just et al. 2023): calibrated gradients (FedBary eq. 10) of OT between the
   label-augmented training set and the label-augmented validation set (the same computation FedBary
   does federatedly against η_{Q_i}).
@@ -25,7 +26,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from otfed.federation.otdd import LabelledData, augmented_measure
+from otfed.ot.otdd import LabelledData, augmented_measure
 from otfed.valuation.calibrated import Potential, datum_values
 
 
@@ -235,6 +236,26 @@ class KNNShapley:
             s[:-1] = s[n - 1] + np.cumsum(increments[::-1])[::-1]
             values[row] += s
         return values / len(y_val)
+
+
+def knn_leave_one_out(data: ValuationData, k: int) -> np.ndarray:
+    """Leave-one-out values v_i = u(N) − u(N ∖ {i}) of the K-NN utility (:func:`knn_utility`), in one pass.
+
+    Equal to ``LeaveOneOut(knn_utility(k)).fit(data)`` (tested) but O(m·n log n) instead of n utility
+    calls: removing i only changes the utility at validation points that have i among their K nearest
+    neighbours, where the (K+1)-th neighbour moves in, so u(N) − u(N ∖ {i}) = mean_j 1[i ∈ top_K(j)] ·
+    (1[y_i = y_j] − 1[y_{α_{K+1}(j)} = y_j]) / K (a missing (K+1)-th neighbour counts 0).
+    """
+    x_val, y_val = data.require_validation("knn_leave_one_out")
+    n = data.n
+    d2 = ((x_val[:, None, :] - data.x[None, :, :]) ** 2).sum(axis=-1)
+    order = np.argsort(d2, axis=1, kind="stable")[:, :k + 1]
+    match = (data.y[order] == y_val[:, None]).astype(np.float64)
+    nxt = match[:, k] if n > k else np.zeros(len(y_val))
+    values = np.zeros(n)
+    top = order[:, :k]
+    np.add.at(values, top, (match[:, :k] - nxt[:, None]) / k)
+    return values / len(y_val)
 
 
 class Lava:

@@ -26,7 +26,7 @@ from otfed.data.text import (
     save_text_federation,
 )
 from otfed.data.apportionment import stratified_parts
-from otfed.distill.label_space import LabelSpace
+from otfed.label_space import LabelSpace
 from otfed.errors import ConfigError, DataFileError, DegenerateClientError
 
 RAW = Path(__file__).resolve().parents[2] / "data" / "raw"
@@ -354,7 +354,7 @@ def test_unknown_label_names_file_column_value_and_allowed(tmp_path, dataset, co
 
 def test_unknown_domain_lists_the_available_ones(tmp_path):
     write_sa(tmp_path, tiny_sa())
-    spec = dataclasses.replace(TINY_SPEC, locals=("a", "toys"))
+    spec = TINY_SPEC.model_copy(update=dict(locals=("a", "toys")))
     with pytest.raises(DataFileError, match=r"party 'toys' has no rows.*column 'domain'.*: a, b, c, g, t"):
         build_text_federation(spec, tmp_path, seed=0)
     with pytest.raises(DataFileError, match=r"party 'nope' has no rows.*dd_chunk1, dd_chunk2, dd_chunk3, "

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from otfed.distill.label_space import LabelSpace
+from otfed.label_space import LabelSpace
 from otfed.distill.student import distill_student, ensemble_weights
 from otfed.federation.knot import bias_message, client_messages, teacher_ensemble
 

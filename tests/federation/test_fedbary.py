@@ -251,7 +251,7 @@ def test_same_seed_same_result_and_config_validation() -> None:
     r2 = federated_valuation(clients, config, seed=3)
     np.testing.assert_array_equal(r1.distances, r2.distances)
     np.testing.assert_array_equal(r1.target.support, r2.target.support)
-    with pytest.raises(ValueError, match="t must be"):
+    with pytest.raises(ValueError, match=r"t: must be 'random' or a number in \(0, 1\)"):
         FedBaryConfig(t=0.0)
     with pytest.raises(ValueError, match="barycenter_step"):
         FedBaryConfig(barycenter_step="mean")  # type: ignore[arg-type]

@@ -121,7 +121,7 @@ def test_same_seed_same_estimate_and_config_validation() -> None:
     x, y = gaussians(50, 20, 2, seed=10)
     config = FedWaDConfig(support_size=5, iterations=5)
     assert federated_wasserstein(x, y, config, seed=3).estimate == federated_wasserstein(x, y, config, seed=3).estimate
-    with pytest.raises(ValueError, match="t must be"):
+    with pytest.raises(ValueError, match=r"t: must be 'random' or a number in \(0, 1\)"):
         FedWaDConfig(t=1.0)
     with pytest.raises(ValueError, match="different feature dimensions"):
         federated_wasserstein(x, y[:, :1], config)

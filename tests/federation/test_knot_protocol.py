@@ -6,7 +6,7 @@ import pytest
 
 from otfed.errors import DataFileError
 from otfed.federation.knot import (TeacherEnsemble, bias_message, client_messages, load_messages, save_messages,
-                                   teacher_ensemble)
+                                   server_ensemble, teacher_ensemble)
 from otfed.federation.ledger import Channel
 from otfed.federation.messages import SERVER, CountMessage, PredictionMessage
 
@@ -29,6 +29,24 @@ def test_ensemble_stacks_predictions_in_the_requested_order() -> None:
     sub = ens.subset(["a"])
     np.testing.assert_array_equal(sub.probabilities[:, 0], p1)
     assert sub.biases.shape == (1, 5)
+
+
+def test_server_ensemble_is_the_locals_then_the_global_model() -> None:
+    """Learning without forgetting (SPEC §1): the frozen global model is the last teacher; without it only
+    the locals count. A message from a party that is no teacher is ignored."""
+    rng = np.random.default_rng(4)
+    probs = {name: _probs(rng) for name in ("a", "b", "g", "stranger")}
+    sizes = {"a": 10, "b": 20, "g": 30, "stranger": 40}
+    msgs = [m for name, p in probs.items() for m in client_messages(name, p, sizes[name])]
+    with_global = server_ensemble(msgs, ["b", "a"], "g")
+    assert with_global.names == ("b", "a", "g")
+    np.testing.assert_array_equal(with_global.probabilities, np.stack([probs["b"], probs["a"], probs["g"]], axis=1))
+    np.testing.assert_array_equal(with_global.dataset_sizes, [20, 10, 30])
+    locals_only = server_ensemble(msgs, ["a", "b"])
+    assert locals_only.names == ("a", "b")
+    np.testing.assert_array_equal(locals_only.probabilities[:, 1], probs["b"])
+    with pytest.raises(ValueError, match="no transfer-set predictions received from 'c'"):
+        server_ensemble(msgs, ["a", "c"], "g")
 
 
 def test_missing_or_inconsistent_messages_name_the_sender() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from otfed.errors import DegenerateClientError
 from otfed.federation import Channel, FedWaDConfig, LabelledData, federated_otdd, pairwise_federated_otdd
+from otfed.federation.otdd import matrix_and_ledger, pairwise_sessions
 from otfed.ot import otdd_exact
 
 
@@ -43,6 +44,21 @@ def test_pairwise_matrix_orders_like_exact_and_is_reproducible() -> None:
     assert np.allclose(d, d.T) and np.all(np.diag(d) == 0)
     assert d[0, 1] < d[0, 2] < d[0, 3]
     assert len({e.session for e in ledger.entries}) == 6
+
+
+def test_pair_sessions_run_in_any_order_give_the_pairwise_matrix() -> None:
+    """A stage fans the per-pair sessions out as jobs: run backwards, they give the same matrix and ledger."""
+    clients = [labelled(f"c{k}", 30, shift, 20 + k) for k, shift in enumerate([0.0, 1.0, 4.0])]
+    config = FedWaDConfig(support_size=20, iterations=5)
+    d, ledger = pairwise_federated_otdd(clients, config, seed=7)
+    sessions = pairwise_sessions(clients, config, seed=7)
+    assert [(s["a"].name, s["b"].name) for s in sessions] == [("c0", "c1"), ("c0", "c2"), ("c1", "c2")]
+    results = [federated_otdd(**s) for s in reversed(sessions)][::-1]
+    d2, ledger2 = matrix_and_ledger(len(clients), results)
+    np.testing.assert_array_equal(d, d2)
+    assert ledger2.total_bytes == ledger.total_bytes and len(ledger2.entries) == len(ledger.entries)
+    with_self = pairwise_sessions(clients, config, seed=7, include_diagonal=True)
+    assert len(with_self) == 6 and with_self[1]["seed"] == sessions[0]["seed"]  # (0, 1): same pair, same seed
 
 
 def test_degenerate_clients_are_named() -> None:

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
-from transformers import (BertConfig, BertForSequenceClassification, BertTokenizer, DistilBertConfig,
+from transformers import (BertConfig, BertForSequenceClassification, BertTokenizer,
                           DistilBertForSequenceClassification)
 
 from otfed.errors import ConfigError, DataFileError
@@ -41,12 +39,12 @@ def same_state(a: dict, b: dict) -> bool:
 
 # ------------------------------------------------------------------------------------------ spec
 @pytest.mark.parametrize("kwargs, key", [
-    ({"kind": "gpt"}, "model.kind"),
-    ({"hidden": 30, "heads": 4}, "model.hidden"),
-    ({"dropout": 1.0}, "model.dropout"),
-    ({"layers": 0}, "model.layers"),
-    ({"kind": "checkpoint"}, "model.checkpoint"),
-    ({"checkpoint": "some/dir"}, "model.checkpoint"),
+    ({"kind": "gpt"}, "ModelSpec: kind: Input should be 'bert', 'distilbert' or 'checkpoint'"),
+    ({"hidden": 30, "heads": 4}, r"ModelSpec: hidden \(30\) must be a multiple of heads \(4\)"),
+    ({"dropout": 1.0}, "ModelSpec: dropout"),
+    ({"layers": 0}, "ModelSpec: layers"),
+    ({"kind": "checkpoint"}, "ModelSpec: kind 'checkpoint' needs checkpoint"),
+    ({"checkpoint": "some/dir"}, "ModelSpec: checkpoint is only read with kind 'checkpoint'"),
 ])
 def test_model_spec_rejects_bad_values(kwargs, key):
     with pytest.raises(ConfigError, match=key):
@@ -56,7 +54,7 @@ def test_model_spec_rejects_bad_values(kwargs, key):
 # ----------------------------------------------------------------------------------------- build
 def test_bert_parameter_count_matches_closed_form_and_transformers(task, tiny_spec):
     texts = task[0]
-    spec = replace(tiny_spec, layers=2)
+    spec = tiny_spec.model_copy(update=dict(layers=2))
     clf = build_classifier(spec, LABELS, texts, seed=0)
     V = len(clf.tokenizer)
     expected = bert_parameter_count(V, spec.max_length, spec.hidden, spec.layers, spec.intermediate, len(LABELS))
@@ -77,7 +75,7 @@ def test_bert_tiny_default_size():
 
 
 def test_distilbert_parameter_count_and_logits(task, tiny_spec):
-    spec = replace(tiny_spec, kind="distilbert", layers=2)
+    spec = tiny_spec.model_copy(update=dict(kind="distilbert", layers=2))
     clf = build_classifier(spec, LABELS, task[0], seed=0)
     assert isinstance(clf.model, DistilBertForSequenceClassification)
     assert clf.n_parameters == distilbert_parameter_count(len(clf.tokenizer), spec.max_length, spec.hidden,
@@ -89,7 +87,7 @@ def test_distilbert_parameter_count_and_logits(task, tiny_spec):
 
 @pytest.mark.parametrize("kind", ["bert", "distilbert"])
 def test_same_seed_same_weights_whatever_the_global_rng(task, tiny_spec, kind):
-    spec = replace(tiny_spec, kind=kind)
+    spec = tiny_spec.model_copy(update=dict(kind=kind))
     torch.manual_seed(1)
     a = state(build_classifier(spec, LABELS, task[0], seed=7))
     torch.manual_seed(2)

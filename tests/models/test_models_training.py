@@ -2,20 +2,22 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from otfed.errors import DegenerateClientError
 from otfed.metrics import accuracy, macro_f1
-from otfed.models import EPOCH_KEYS, build_classifier, predict_labels, seeded_dropout, train_classifier
+from otfed.models import EPOCH_KEYS, TrainingConfig, build_classifier, predict_labels, seeded_dropout, train_classifier
 from otfed.models.training import GeneratorDropout, _seeded_attention
 
 LABELS = ("neg", "pos")
-FAST = dict(batch_size=16, lr=2e-3, progress=False)
+
+
+def fast(**fields) -> TrainingConfig:
+    """Small batches and a high learning rate: the separable task is learnt in a few epochs."""
+    return TrainingConfig(batch_size=16, lr=2e-3, **fields)
 
 
 def weights(clf) -> dict[str, torch.Tensor]:
@@ -30,8 +32,8 @@ def test_learns_a_separable_task_and_reports_epochs(task, tiny_spec):
     tr, ytr, va, yva = task
     clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
     records = []
-    result = train_classifier(clf, tr, ytr, va, yva, epochs=8, patience=None, seed=0, on_epoch=records.append,
-                              **FAST)
+    result = train_classifier(clf, tr, ytr, va, yva, fast(epochs=8, patience=None), seed=0,
+                              on_epoch=records.append, progress=False)
     assert [r["epoch"] for r in records] == list(range(1, 9))  # once per epoch, in order
     assert all(tuple(r) == EPOCH_KEYS for r in records)
     assert records == result.history
@@ -48,8 +50,8 @@ def test_early_stopping_restores_the_best_epoch(task, tiny_spec):
     tr, ytr, va, yva = task
     clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
     snapshots = {}
-    result = train_classifier(clf, tr, ytr, va, yva, epochs=30, patience=2, seed=0,
-                              on_epoch=lambda r: snapshots.__setitem__(r["epoch"], weights(clf)), **FAST)
+    result = train_classifier(clf, tr, ytr, va, yva, fast(epochs=30, patience=2), seed=0,
+                              on_epoch=lambda r: snapshots.__setitem__(r["epoch"], weights(clf)), progress=False)
     # F1 cannot beat 1.0, so training stops `patience` epochs after the first perfect epoch
     assert result.best_score == 1.0
     assert result.epochs_run == result.best_epoch + 2 < 30
@@ -60,12 +62,12 @@ def test_early_stopping_restores_the_best_epoch(task, tiny_spec):
 @pytest.mark.parametrize("kind", ["bert", "distilbert"])
 def test_same_seed_same_weights_and_no_global_rng(task, tiny_spec, kind):
     tr, ytr, va, yva = task
-    spec = replace(tiny_spec, kind=kind, dropout=0.3)  # dropout matters
+    spec = tiny_spec.model_copy(update=dict(kind=kind, dropout=0.3))  # dropout matters
     runs = []
     for global_seed, seed in [(1, 5), (2, 5), (1, 6)]:
         torch.manual_seed(global_seed)  # other threads may move torch's global RNG at any time
         clf = build_classifier(spec, LABELS, tr, seed=0)
-        result = train_classifier(clf, tr, ytr, va, yva, epochs=2, patience=None, seed=seed, **FAST)
+        result = train_classifier(clf, tr, ytr, va, yva, fast(epochs=2, patience=None), seed=seed, progress=False)
         runs.append((weights(clf), [r["train_loss"] for r in result.history]))
     assert equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
     assert not equal(runs[0][0], runs[2][0])
@@ -75,16 +77,16 @@ def test_bad_inputs(task, tiny_spec):
     tr, ytr, va, yva = task
     clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
     with pytest.raises(ValueError, match="0..1"):
-        train_classifier(clf, tr, [2] * len(tr), va, yva, epochs=1, progress=False)
+        train_classifier(clf, tr, [2] * len(tr), va, yva, TrainingConfig(epochs=1), progress=False)
     with pytest.raises(ValueError, match="one label per text"):
-        train_classifier(clf, tr, ytr[:-1], va, yva, epochs=1, progress=False)
+        train_classifier(clf, tr, ytr[:-1], va, yva, TrainingConfig(epochs=1), progress=False)
     with pytest.raises(DegenerateClientError, match="client 3: no validation texts"):
-        train_classifier(clf, tr, ytr, [], [], epochs=1, progress=False, description="client 3")
+        train_classifier(clf, tr, ytr, [], [], TrainingConfig(epochs=1), progress=False, description="client 3")
 
 
 # --------------------------------------------------------------------------------- seeded dropout
 def test_seeded_dropout_leaves_the_global_rng_alone_and_is_reproducible(task, tiny_spec):
-    clf = build_classifier(replace(tiny_spec, dropout=0.5), LABELS, task[0], seed=0)
+    clf = build_classifier(tiny_spec.model_copy(update=dict(dropout=0.5)), LABELS, task[0], seed=0)
     batch = clf.encode(task[0][:8])
     clf.model.eval()
     with torch.no_grad():
@@ -125,11 +127,11 @@ def test_seeded_attention_matches_sdpa_when_nothing_is_dropped():
 def test_parallel_threads_train_as_if_alone(task, tiny_spec):
     # Stages train parties in threads of one process: a party's weights must not depend on the others.
     tr, ytr, va, yva = task
-    spec = replace(tiny_spec, dropout=0.3)
+    spec = tiny_spec.model_copy(update=dict(dropout=0.3))
 
     def train(seed: int) -> dict[str, torch.Tensor]:
         clf = build_classifier(spec, LABELS, tr, seed=seed)
-        train_classifier(clf, tr, ytr, va, yva, epochs=2, patience=None, seed=seed, **FAST)
+        train_classifier(clf, tr, ytr, va, yva, fast(epochs=2, patience=None), seed=seed, progress=False)
         return weights(clf)
 
     alone = train(5)

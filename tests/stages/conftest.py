@@ -9,11 +9,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_params(root: Path) -> dict:
+    """Tiny params for a test run in ``root``: every stage writes to its ``stages.layout`` folders under the
+    cwd, so run them with ``root`` as the cwd (the ``tiny`` fixture does)."""
     return {
         "run": {"seed": 0, "device": "cpu", "task_runner": "sequential", "max_workers": 1},
         "partition": {
             "data_dir": str(REPO / "data" / "raw"),
-            "out_dir": str(root / "data" / "partitions"),
             "federations": {
                 "bench": {"scheme": "by_dataset", "datasets": ["mnist", "usps", "fashionmnist", "kmnist"],
                           "samples_per_client": 40, "image_size": 28, "val_fraction": 0.0},
@@ -24,7 +25,6 @@ def tiny_params(root: Path) -> dict:
             },
         },
         "fed_distance": {
-            "out_dir": str(root / "reports" / "fed_distance"),
             "toy": {"n_values": [20, 40], "supports": [2, 5], "ratios": [1, 3], "dims": [2], "iterations": 3,
                     "exact_interp_max_n": 40, "repeats": 1, "convergence_n": 20},
             "otdd": {"federation": "bench", "fedwad": {"support_size": 10, "iterations": 3}},

@@ -7,14 +7,14 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from flows.fed_distance import fed_distance
-from flows.partition import partition
+from flows.stage import run_stage
+from stages import layout
 
 
 def test_fed_distance_writes_reports_and_logs_them(tiny: dict, mlflow_uri: str) -> None:
-    partition(tiny)
-    metrics = fed_distance(tiny)
-    out = Path(tiny["fed_distance"]["out_dir"])
+    run_stage("partition", tiny)
+    metrics = run_stage("fed_distance", tiny)
+    out = Path(layout.FED_DISTANCE_REPORTS)
     expected = {"toy_gaussians.csv", "toy_gaussians.md", "toy_time_error.png", "convergence.csv",
                 "convergence.png", "otdd_pairs.csv", "otdd_heatmaps.png", "clustering_pairs_distances.csv",
                 "clustering_pairs.png", "clustering_ari.csv", "communication.csv", "metrics.json"}

@@ -7,17 +7,20 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from flows.partition import partition
+import flows.stage
+from flows.stage import main, run_stage
 from otfed.data.store import load_federation
-from otfed.stage import run_stage
+from otfed.errors import DataFileError
+from stages import layout
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_partition_writes_federations_and_manifest(tiny: dict, tmp_path: Path) -> None:
-    summary = partition(tiny)
-    out = Path(tiny["partition"]["out_dir"])
+    summary = run_stage("partition", tiny)
+    out = Path(layout.PARTITIONS)
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest) == {"bench", "pairs", "noisy"} and summary["federations"] == 3
     bench = load_federation("bench", out)
@@ -38,18 +41,20 @@ def test_partition_writes_federations_and_manifest(tiny: dict, tmp_path: Path) -
 
 
 def test_partition_is_reproducible(tiny: dict, tmp_path: Path) -> None:
-    partition(tiny)
-    first = load_federation("pairs", tiny["partition"]["out_dir"])
-    partition(tiny)
-    second = load_federation("pairs", tiny["partition"]["out_dir"])
+    run_stage("partition", tiny)
+    first = load_federation("pairs", layout.PARTITIONS)
+    run_stage("partition", tiny)
+    second = load_federation("pairs", layout.PARTITIONS)
     np.testing.assert_array_equal(first.x, second.x)
     np.testing.assert_array_equal(first.source_index, second.source_index)
 
 
-def test_bad_params_exit_2_and_write_nothing(tmp_path: Path) -> None:
+def test_bad_params_exit_2_and_write_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("run: {seed: -1}\npartition: {federations: {}}\n")
     called = []
-    assert run_stage(lambda p: called.append(p), params_path=tmp_path / "params.yaml") == 2
+    monkeypatch.setattr(flows.stage, "run_stage", lambda *args: called.append(args))
+    assert main("partition", params_path=tmp_path / "params.yaml") == 2
     assert not called and sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
@@ -63,11 +68,7 @@ def test_stage_command_line_reports_config_errors(tmp_path: Path) -> None:
 
 
 def test_missing_data_file_is_named(tiny: dict, tmp_path: Path) -> None:
-    import pytest
-
-    from otfed.errors import DataFileError
-
     tiny["partition"]["data_dir"] = str(tmp_path / "nowhere")
     with pytest.raises(DataFileError, match="images_mnist.npz"):
-        partition(tiny)
-    assert not Path(tiny["partition"]["out_dir"]).exists()
+        run_stage("partition", tiny)
+    assert not Path(layout.PARTITIONS).exists()

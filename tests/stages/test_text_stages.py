@@ -15,19 +15,17 @@ import pandas as pd
 import pytest
 import torch
 
-from flows.distill import distill
-from flows.estimate_bias import estimate_bias
-from flows.partition import partition
-from flows.train_teachers import train_teachers
-from otfed.config import validate_params
+import stages.distill
+from flows.stage import run_stage
 from otfed.data.text import load_text_federation
 from otfed.distill.bias import random_texts
-from otfed.distill.label_space import LabelSpace
-from otfed.experiments import knot as exp
 from otfed.federation.knot import load_messages
+from otfed.label_space import LabelSpace
 from otfed.metrics import macro_f1, semantic_distance
 from otfed.models import TextClassifier
 from otfed.models.tokenizer import vocabulary
+from stages import layout
+from stages.params import validate_params
 from tests.stages.conftest import tiny_params
 
 TINY_MODEL = {"kind": "bert", "layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_length": 24,
@@ -38,19 +36,16 @@ def text_params(root: Path) -> dict:
     params = tiny_params(root)
     caps = {"max_train": 40, "max_eval": 20, "max_transfer": 30}
     params["partition"]["text"] = {
-        "out_dir": str(root / "data" / "text_partitions"),
         "tasks": {"sa": {"dataset": "amazon_categories", "locals": ["cell_phones", "digital_music"],
                          "global_party": "baby", "transfer": "grocery_food", **caps}},
     }
     params["train_teachers"] = {
-        "models_dir": str(root / "models"), "messages_dir": str(root / "messages"),
-        "out_dir": str(root / "reports" / "teachers"), "tasks": ["sa"], "model": TINY_MODEL,
+        "tasks": ["sa"], "model": TINY_MODEL,
         "party_models": {"sa.digital_music": {**TINY_MODEL, "kind": "distilbert"}},
         "training": {"epochs": 2, "batch_size": 16, "lr": 0.003, "patience": 1},
     }
-    params["estimate_bias"] = {"out_dir": str(root / "reports" / "bias"), "n_texts": 24, "text_length": 30,
-                               "batch_size": 8}
-    params["distill"] = {"out_dir": str(root / "reports" / "distill"), "eps": 0.05, "epochs": 1, "batch_size": 16}
+    params["estimate_bias"] = {"n_texts": 24, "text_length": 30, "batch_size": 8}
+    params["distill"] = {"eps": 0.05, "epochs": 1, "batch_size": 16}
     return params
 
 
@@ -75,13 +70,13 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, migrated_mlflow_db: Path)
     params = text_params(root)
     threads = torch.get_num_threads()
     try:
-        p = validate_params(params).model_dump(mode="json")
-        partition(p)
-        teachers = train_teachers(p)
-        bias = estimate_bias(p)
+        p = validate_params(params)
+        run_stage("partition", p)
+        teachers = run_stage("train_teachers", p)
+        bias = run_stage("estimate_bias", p)
         with pytest.MonkeyPatch.context() as spy:
             spy.setattr(TextClassifier, "load", classmethod(recording_load))
-            metrics = distill(p)
+            metrics = run_stage("distill", p)
         yield {"root": root, "params": params, "teachers": teachers, "bias": bias, "metrics": metrics,
                "distill_loaded": list(loaded), "uri": f"sqlite:///{db}"}
     finally:
@@ -91,8 +86,8 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, migrated_mlflow_db: Path)
 
 def test_table1_sizes_match_the_partition_files(text_run) -> None:
     root = text_run["root"]
-    table = pd.read_csv(root / "reports" / "teachers" / "teachers.csv")
-    parties = pd.read_csv(root / "data" / "text_partitions" / "sa" / "parties.csv.gz")
+    table = pd.read_csv(root / layout.TEACHER_REPORTS / "teachers.csv")
+    parties = pd.read_csv(root / layout.TEXT_PARTITIONS / "sa" / "parties.csv.gz")
     for row in table.itertuples():
         own = parties[parties.party == row.party]
         assert row.n_train == (own.split == "train").sum()
@@ -103,10 +98,10 @@ def test_table1_sizes_match_the_partition_files(text_run) -> None:
 
 def test_messages_are_the_saved_teachers_predictions(text_run) -> None:
     root = text_run["root"]
-    fed = load_text_federation(root / "data" / "text_partitions" / "sa")
-    messages = {(m.kind, m.sender): m for m in load_messages(root / "messages" / "sa.npz")}
+    fed = load_text_federation(root / layout.TEXT_PARTITIONS / "sa")
+    messages = {(m.kind, m.sender): m for m in load_messages(root / layout.TEXT_MESSAGES / "sa.npz")}
     for party in fed.parties:
-        clf = TextClassifier.load(root / "models" / "sa" / party.name)
+        clf = TextClassifier.load(root / layout.TEXT_MODELS / "sa" / party.name)
         np.testing.assert_allclose(messages[("transfer_predictions", party.name)].probabilities,
                                    clf.predict_proba(list(fed.transfer_texts)), atol=1e-6)
         assert messages[("dataset_size", party.name)].value == len(party.train)
@@ -114,12 +109,12 @@ def test_messages_are_the_saved_teachers_predictions(text_run) -> None:
 
 def test_bias_is_the_argmax_frequency_on_random_texts(text_run) -> None:
     root, params = text_run["root"], text_run["params"]
-    table = pd.read_csv(root / "reports" / "bias" / "bias.csv")
+    table = pd.read_csv(root / layout.BIAS_REPORTS / "bias.csv")
     labels = LabelSpace.for_task("sa").labels
     np.testing.assert_allclose(table[list(labels)].sum(axis=1), 1.0)
     # recount one teacher independently: same seed → same random texts
     eb = params["estimate_bias"]
-    clf = TextClassifier.load(root / "models" / "sa" / "cell_phones")
+    clf = TextClassifier.load(root / layout.TEXT_MODELS / "sa" / "cell_phones")
     texts = random_texts(vocabulary(clf.tokenizer), eb["n_texts"], eb["text_length"], rng=params["run"]["seed"])
     counts = np.bincount(clf.predict_proba(texts).argmax(1), minlength=len(labels)) / len(texts)
     row = table[table.party == "cell_phones"].iloc[0]
@@ -128,20 +123,20 @@ def test_bias_is_the_argmax_frequency_on_random_texts(text_run) -> None:
 
 def test_tables_are_recomputed_from_saved_predictions(text_run) -> None:
     root = text_run["root"]
-    results = pd.read_csv(root / "reports" / "distill" / "results.csv")
+    results = pd.read_csv(root / layout.DISTILL_REPORTS / "results.csv")
     expected = {f"{loss}-{w}" for loss in ("Sinkhorn", "Entropy") for w in "ADUE"} | {"Sinkhorn-E-onehot",
                                                                                       "global (no distillation)"}
     assert set(results.variant) == expected
     assert set(results.test_set) == {"cell_phones", "digital_music", "baby", "ALL"}
     space = LabelSpace.for_task("sa")
-    with np.load(root / "reports" / "distill" / "predictions_sa.npz") as saved:
+    with np.load(root / layout.DISTILL_REPORTS / "predictions_sa.npz") as saved:
         for row in results[results.variant.isin(["Sinkhorn-E", "Entropy-A"])].itertuples():
             probs, labels = saved[f"{row.variant}|{row.test_set}"], saved[f"labels|{row.test_set}"]
             assert row.score == pytest.approx(macro_f1(labels, probs, n_labels=5))
             assert row.semantic_distance == pytest.approx(semantic_distance(probs, labels, space))
-    table = pd.read_csv(root / "reports" / "distill" / "table_sa.csv")
+    table = pd.read_csv(root / layout.DISTILL_REPORTS / "table_sa.csv")
     assert list(table.columns[:3]) == ["variant", "cell_phones score", "cell_phones SD"]
-    assert (root / "reports" / "distill" / "expected_label_sa.png").stat().st_size > 0
+    assert (root / layout.DISTILL_REPORTS / "expected_label_sa.png").stat().st_size > 0
 
 
 def test_variants_line_up_in_mlflow(text_run) -> None:
@@ -165,29 +160,21 @@ def test_server_side_never_touches_client_models_or_training_texts(text_run) -> 
     root = text_run["root"]
     loaded = {Path(d).name for d in text_run["distill_loaded"]}
     assert loaded == {"baby"}
-    fed = load_text_federation(root / "data" / "text_partitions" / "sa")
+    fed = load_text_federation(root / layout.TEXT_PARTITIONS / "sa")
     captured = []
-    original = exp.distill_variant
 
     def spy(**kwargs):
         captured.append(kwargs)
         raise RuntimeError("stop after capture")
 
-    exp.distill_variant = spy
-    try:
-        import flows.distill as flow
-
-        flow.distill_task.fn = spy
-        with pytest.raises(RuntimeError, match="stop after capture"):
-            with pytest.MonkeyPatch.context() as mp:
-                mp.chdir(root)
-                mp.setenv("MLFLOW_TRACKING_URI", text_run["uri"])
-                distill(validate_params(text_params(root)).model_dump(mode="json"))
-    finally:
-        exp.distill_variant = original
-        flow.distill_task.fn = original
+    with pytest.raises(RuntimeError, match="stop after capture"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stages.distill, "distill_variant", spy)
+            mp.chdir(root)
+            mp.setenv("MLFLOW_TRACKING_URI", text_run["uri"])
+            run_stage("distill", text_params(root))
     train_texts = {t for p in fed.locals for t in p.train.texts}
-    blob = json.dumps([{k: v for k, v in c.items() if k not in {"run", "ensemble", "label_space"}}
+    blob = json.dumps([{k: v for k, v in c.items() if k not in {"ensemble", "label_space"}}
                        for c in captured], default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
     assert not any(t in blob for t in train_texts)
     assert type(captured[0]["ensemble"]).__name__ == "TeacherEnsemble"

@@ -15,15 +15,16 @@ import ot
 import pandas as pd
 import pytest
 
-from flows.barycenter_valuation import barycenter_valuation, corrupted_federation
-from flows.noisy_removal import noisy_removal
-from flows.partition import partition
-from otfed.config import validate_params
+from flows.stage import run_stage
+from otfed.data.corruption import corrupted_federation, noisy_client_federation
+from otfed.data.parties import client_sets, project_federation, server_split
 from otfed.data.store import load_federation
 from otfed.errors import ConfigError
 from otfed.federation.otdd import augmented_measure
-from otfed.valuation import LeaveOneOut, ValuationData, knn_utility
-from otfed.experiments import valuation as exp
+from otfed.fl import FedAvgConfig, fedavg_accuracy
+from stages import layout
+from stages.barycenter_valuation import CONTRIBUTION_METHODS, DETECTION_METHODS
+from stages.params import validate_params
 from tests.stages.conftest import tiny_params
 
 FEDBARY = {"support_size": 10, "iterations": 3}
@@ -43,7 +44,7 @@ def valuation_params(root: Path) -> dict:
                    "samples_per_client": 60, "val_fraction": 0.0, "test_samples": 200},
     })
     params["barycenter_valuation"] = {
-        "out_dir": str(root / "reports" / "valuation"), "pca_components": 8, "fedbary": FEDBARY,
+        "pca_components": 8, "fedbary": FEDBARY,
         "contributions": {"federations": ["c1", "c5"], "validation_samples": 60, "monte_carlo_permutations": 3,
                           "fedavg": FEDAVG,
                           "outlier": {"federation": "c1", "client": 4, "fraction": 1.0, "noise_std": 5.0}},
@@ -54,7 +55,7 @@ def valuation_params(root: Path) -> dict:
                         "validation_samples": 60, "seed_repeats": 2},
     }
     params["noisy_removal"] = {
-        "out_dir": str(root / "reports" / "removal"), "federations": ["fnoisy"], "pca_components": 8,
+        "federations": ["fnoisy"], "pca_components": 8,
         "validation_samples": 100, "max_remove_fraction": 0.4, "fedbary": FEDBARY, "fedavg": {"rounds": 5},
     }
     return params
@@ -64,7 +65,7 @@ def valuation_params(root: Path) -> dict:
 def vparams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> dict:
     monkeypatch.chdir(tmp_path)
     params = valuation_params(tmp_path)
-    partition(params)
+    run_stage("partition", params)
     return params
 
 
@@ -78,8 +79,8 @@ def _logged(uri: str, stage: str) -> set[str]:
 
 
 def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
-    metrics = barycenter_valuation(vparams)
-    out = Path(vparams["barycenter_valuation"]["out_dir"])
+    metrics = run_stage("barycenter_valuation", vparams)
+    out = Path(layout.VALUATION_REPORTS)
     expected = {"contributions.csv", "contributions.md", "contributions_wide.csv", "contributions.png",
                 "method_agreement.csv", "outlier_distances.csv", "outlier_histogram.png", "detection.csv",
                 "detection.png", "removal_curves.csv", "removal_curves.png", "duplication.csv", "duplication.md",
@@ -89,18 +90,18 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
             "metrics.json"} <= _logged(mlflow_uri, "barycenter_valuation")
 
     contrib = pd.read_csv(out / "contributions.csv")
-    assert set(contrib.method) == set(exp.CONTRIBUTION_METHODS) and set(contrib.federation) == {"c1", "c5"}
+    assert set(contrib.method) == set(CONTRIBUTION_METHODS) and set(contrib.federation) == {"c1", "c5"}
     shares = contrib[contrib.method != "leave_one_out"]  # LOO values can sum to ≈ 0: shares undefined (NaN)
     assert np.allclose(shares.groupby(["federation", "method"]).percent.sum(), 100.0)
     case1 = contrib[(contrib.federation == "c1") & contrib.method.str.startswith("fedbary")]
     assert case1.percent.between(15, 25).all()  # same distribution, same size → ≈ 20 % each
     # exact Shapley is efficient: Σ φ_i = u(all) − u(∅), recomputed here with the same FedAvg utility
-    fed = exp.project_federation(load_federation("c5", vparams["partition"]["out_dir"]), 8, 0)
-    validation, _ = exp.server_split(fed, 60)
-    clients = exp.client_sets(fed)
-    full = exp.fedavg_accuracy([(c.x, c.y) for c in clients], (validation.x, validation.y), 10,
-                               {**FEDAVG, "hidden": []}, 0)
-    empty = exp.fedavg_accuracy([], (validation.x, validation.y), 10, {**FEDAVG, "hidden": []}, 0)
+    fed = project_federation(load_federation("c5", layout.PARTITIONS), 8, 0)
+    validation, _ = server_split(fed, 60)
+    clients = client_sets(fed)
+    full = fedavg_accuracy([(c.x, c.y) for c in clients], (validation.x, validation.y), 10,
+                           FedAvgConfig(**FEDAVG, hidden=[]), 0)
+    empty = fedavg_accuracy([], (validation.x, validation.y), 10, FedAvgConfig(**FEDAVG, hidden=[]), 0)
     phi = contrib[(contrib.federation == "c5") & (contrib.method == "exact_shapley")].value
     assert phi.sum() == pytest.approx(full - empty, abs=1e-9)
     agreement = pd.read_csv(out / "method_agreement.csv")
@@ -113,7 +114,7 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     assert metrics["outlier"]["barycenter_noisy_is_farthest"] is True
 
     detection = pd.read_csv(out / "detection.csv")
-    assert set(detection.method) == set(exp.DETECTION_METHODS)
+    assert set(detection.method) == set(DETECTION_METHODS)
     assert (detection.noisy == 5 * round(0.3 * 60)).all()  # every client corrupted at 30 %
     assert (detection.true_positives <= np.minimum(detection.flagged, detection.noisy)).all()
     random_ = detection[detection.method == "random"]
@@ -130,9 +131,9 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     same = dup[(dup.experiment == "dataset") & (dup.stats == "original")]
     assert list(same.copies) == [1, 2, 3] and list(same.atoms) == [50, 100, 150]
     # independent truth: POT's exact W between client 1's augmented data (×1) and the validation set
-    fed = exp.project_federation(load_federation("c1", vparams["partition"]["out_dir"]), 8, 0)
-    validation, _ = exp.server_split(fed, 60)
-    P, Q = augmented_measure(exp.client_sets(fed)[1]), augmented_measure(validation)
+    fed = project_federation(load_federation("c1", layout.PARTITIONS), 8, 0)
+    validation, _ = server_split(fed, 60)
+    P, Q = augmented_measure(client_sets(fed)[1]), augmented_measure(validation)
     w2 = ot.emd2(P.weights, Q.weights, ot.dist(P.support, Q.support), numItermax=10**8)
     assert np.allclose(same.exact_w, np.sqrt(w2), rtol=1e-9)
     assert (same.fedbary_validation_rel_change.abs() < 1e-8).all()
@@ -145,7 +146,7 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
 
 
 def test_corruption_is_seeded_and_counted(vparams: dict) -> None:
-    fed = load_federation("fclean", vparams["partition"]["out_dir"])
+    fed = load_federation("fclean", layout.PARTITIONS)
     a = corrupted_federation(fed, "label", 0.3, 1.0, seed=0)
     b = corrupted_federation(fed, "label", 0.3, 1.0, seed=0)
     assert np.array_equal(a.y, b.y) and np.array_equal(a.corrupted, b.corrupted)
@@ -156,17 +157,21 @@ def test_corruption_is_seeded_and_counted(vparams: dict) -> None:
     f = corrupted_federation(fed, "feature", 0.3, 3.0, seed=0)
     assert np.array_equal(f.y, fed.y)
     assert np.array_equal(np.any(f.x != fed.x, axis=1), f.corrupted)
+    one = noisy_client_federation(fed, 2, 0.5, 3.0, seed=0)  # the outlier histogram's one noisy client
+    assert np.array_equal(one.y, fed.y)
+    assert np.array_equal(np.any(one.x != fed.x, axis=1), one.corrupted)
+    assert one.corrupted.sum() == one.corrupted[fed.rows(2)].sum() == round(0.5 * len(fed.rows(2)))
 
 
 def test_noisy_removal_stage(vparams: dict, mlflow_uri: str) -> None:
-    metrics = noisy_removal(vparams)
-    out = Path(vparams["noisy_removal"]["out_dir"])
+    metrics = run_stage("noisy_removal", vparams)
+    out = Path(layout.REMOVAL_REPORTS)
     assert {"removal.csv", "removal.md", "removal_clients.csv", "removal.png", "metrics.json"} <= {
         p.name for p in out.iterdir()}
     assert {"removal.csv", "removal.png"} <= _logged(mlflow_uri, "noisy_removal")
     table = pd.read_csv(out / "removal.csv").iloc[0]
     clients = pd.read_csv(out / "removal_clients.csv")
-    truth = load_federation("fnoisy", vparams["partition"]["out_dir"])
+    truth = load_federation("fnoisy", layout.PARTITIONS)
     assert table.noisy == int(truth.corrupted.sum()) == clients.noisy.sum()
     assert (clients.removed <= clients.flagged).all()
     assert (clients.removed <= np.floor(0.4 * clients.n)).all()  # max_remove_fraction
@@ -198,23 +203,7 @@ def test_valuation_groups_are_checked(tmp_path: Path) -> None:
         bad = copy.deepcopy(params)
         bad["barycenter_valuation"]["duplication"][key] = value
         with pytest.raises(ConfigError, match=message):
-            barycenter_valuation(bad)  # checked before any work (no partition files exist here)
+            run_stage("barycenter_valuation", bad)  # checked before any work (no partition files exist here)
     del params["noisy_removal"]
     with pytest.raises(ConfigError, match="noisy_removal: required key is missing"):
-        noisy_removal(params)
-
-
-def test_fast_knn_leave_one_out_matches_the_definition() -> None:
-    rng = np.random.default_rng(0)
-    x = np.round(rng.normal(size=(40, 3)), 1)  # rounding makes distance ties
-    y = rng.integers(0, 3, 40)
-    data = ValuationData(x, y, np.round(rng.normal(size=(25, 3)), 1), rng.integers(0, 3, 25))
-    for k in (1, 3, 5):
-        assert np.allclose(exp.knn_leave_one_out(data, k), LeaveOneOut(knn_utility(k)).fit(data), atol=1e-12)
-    tiny = ValuationData(x[:3], y[:3], data.x_val, data.y_val)  # fewer than K + 1 points
-    assert np.allclose(exp.knn_leave_one_out(tiny, 5), LeaveOneOut(knn_utility(5)).fit(tiny), atol=1e-12)
-
-
-def test_percent_of_total_is_undefined_for_a_zero_sum() -> None:
-    assert np.allclose(exp.percent_of_total(np.array([1.0, 3.0])), [25.0, 75.0])
-    assert np.isnan(exp.percent_of_total(np.array([0.2, -0.2 + 1e-18]))).all()
+        run_stage("noisy_removal", params)

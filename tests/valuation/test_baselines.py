@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from otfed.valuation import (ExactShapley, KNNShapley, LeaveOneOut, PermutationShapley, ValuationData,
-                             classifier_accuracy, knn_utility)
+                             classifier_accuracy, knn_leave_one_out, knn_utility)
 
 
 def players(n: int) -> ValuationData:
@@ -93,3 +93,14 @@ def test_classifier_accuracy_utility_edge_cases() -> None:
     assert utility(data, np.array([], dtype=int)) == 0.0
     assert utility(data, np.array([0, 1])) == pytest.approx(1 / 3)  # single class: predicts 0
     assert utility(data, np.arange(4)) == 1.0
+
+
+def test_fast_knn_leave_one_out_matches_the_definition() -> None:
+    rng = np.random.default_rng(0)
+    x = np.round(rng.normal(size=(40, 3)), 1)  # rounding makes distance ties
+    y = rng.integers(0, 3, 40)
+    data = ValuationData(x, y, np.round(rng.normal(size=(25, 3)), 1), rng.integers(0, 3, 25))
+    for k in (1, 3, 5):
+        assert np.allclose(knn_leave_one_out(data, k), LeaveOneOut(knn_utility(k)).fit(data), atol=1e-12)
+    tiny = ValuationData(x[:3], y[:3], data.x_val, data.y_val)  # fewer than K + 1 points
+    assert np.allclose(knn_leave_one_out(tiny, 5), LeaveOneOut(knn_utility(5)).fit(tiny), atol=1e-12)

@@ -11,10 +11,11 @@ import numpy as np
 import ot
 import pytest
 
-from otfed.experiments import valuation as exp
-from otfed.federation.fedbary import FedBaryConfig, federated_valuation
+from otfed.federation.fedbary import FedBaryConfig, fedbary_on_measures, federated_valuation
 from otfed.federation.otdd import LabelledData, augmented_measure
 from otfed.ot import Measure
+from otfed.valuation import exact_wasserstein, mass_moved_by_duplication, repeated_dataset, repeated_datum
+from stages.barycenter_valuation import duplication_robustness
 
 FEDBARY_REL_TOL = 1e-8
 
@@ -47,8 +48,8 @@ def test_duplicated_dataset_leaves_exact_w_unchanged(federation) -> None:
     for copies in (2, 3, 4):
         tiled = np.tile(P.support, (copies, 1))  # the raw duplicated rows, uniform weights
         assert _pot_w2(tiled, Q.support) == pytest.approx(base, rel=1e-9, abs=1e-9)
-        assert exp.exact_wasserstein(exp.repeated_dataset(P, copies), Q) == pytest.approx(base, rel=1e-9, abs=1e-9)
-    assert exp.exact_wasserstein(P, Q) == pytest.approx(base, rel=1e-12)
+        assert exact_wasserstein(repeated_dataset(P, copies), Q) == pytest.approx(base, rel=1e-9, abs=1e-9)
+    assert exact_wasserstein(P, Q) == pytest.approx(base, rel=1e-12)
 
 
 @pytest.mark.parametrize("support", [5, 10])  # S = 5: from 3 copies on, the γ→P_i problems switch to semi-dual Newton
@@ -59,10 +60,10 @@ def test_fedbary_estimate_is_invariant_to_duplicating_a_dataset(federation, supp
     names = [c.name for c in clients]
     config = FedBaryConfig(support_size=support, iterations=5)
     for target in (Q, None):
-        base = exp.fedbary_on_measures(measures, names, config, target, seed=0).distances
+        base = fedbary_on_measures(measures, names, config, target, seed=0).distances
         for copies in (2, 3, 4):
-            current = [exp.repeated_dataset(measures[0], copies), *measures[1:]]
-            d = exp.fedbary_on_measures(current, names, config, target, seed=0).distances
+            current = [repeated_dataset(measures[0], copies), *measures[1:]]
+            d = fedbary_on_measures(current, names, config, target, seed=0).distances
             np.testing.assert_allclose(d, base, rtol=FEDBARY_REL_TOL)
 
 
@@ -70,25 +71,25 @@ def test_fedbary_on_measures_is_seeded_like_federated_valuation(federation) -> N
     clients, validation = federation
     config = FedBaryConfig(support_size=8, iterations=3)
     expected = federated_valuation(clients, config, validation=validation, seed=3)
-    got = exp.fedbary_on_measures([augmented_measure(c) for c in clients], [c.name for c in clients], config,
-                                  augmented_measure(validation), seed=3)
+    got = fedbary_on_measures([augmented_measure(c) for c in clients], [c.name for c in clients], config,
+                              augmented_measure(validation), seed=3)
     np.testing.assert_array_equal(got.distances, expected.distances)
 
 
 def test_mass_moved_by_duplication_matches_the_new_weights() -> None:
     n, copies, index = 7, 4, 2
     P = Measure.uniform(np.arange(n, dtype=float)[:, None])
-    dup = exp.repeated_datum(P, index, copies)
+    dup = repeated_datum(P, index, copies)
     assert dup.n == n + copies - 1
     # collapse the copies back onto the original atoms: the datum holds copies/(n + copies − 1)
     mass = np.array([dup.weights[np.isclose(dup.support[:, 0], j)].sum() for j in range(n)])
-    delta = exp.mass_moved_by_duplication(n, copies)
+    delta = mass_moved_by_duplication(n, copies)
     direction = np.full(n, -1.0 / (n - 1))
     direction[index] = 1.0
     np.testing.assert_allclose(mass, P.weights + delta * direction, rtol=1e-12)
     assert mass[index] == pytest.approx(copies / (n + copies - 1))
     with pytest.raises(ValueError, match="uniform"):
-        exp.repeated_datum(Measure(P.support, np.r_[0.4, np.full(n - 1, 0.1)]), 0, 2)
+        repeated_datum(Measure(P.support, np.r_[0.4, np.full(n - 1, 0.1)]), 0, 2)
 
 
 def test_duplicating_one_datum_changes_exact_w_by_at_least_the_subgradient_bound(federation) -> None:
@@ -100,11 +101,11 @@ def test_duplicating_one_datum_changes_exact_w_by_at_least_the_subgradient_bound
     f = log["u"]
     g = f - (f.sum() - f) / (len(f) - 1)  # calibrated gradient from POT's duals, written out
     copies = 11
-    delta = exp.mass_moved_by_duplication(P.n, copies)
+    delta = mass_moved_by_duplication(P.n, copies)
     for index in (int(np.argmin(g)), int(np.argmax(g))):
         X = np.vstack([P.support, np.repeat(P.support[index:index + 1], copies - 1, axis=0)])
         w2 = _pot_w2(X, Q.support) ** 2
-        assert exp.exact_wasserstein(exp.repeated_datum(P, index, copies), Q) ** 2 == pytest.approx(w2, rel=1e-9)
+        assert exact_wasserstein(repeated_datum(P, index, copies), Q) ** 2 == pytest.approx(w2, rel=1e-9)
         change = w2 - value
         assert abs(change) > 1e-3 * value  # duplicating one datum does change the distance
         assert change >= delta * g[index] - 1e-9 * value  # convexity: the first-order term is a lower bound
@@ -114,9 +115,10 @@ def test_duplication_robustness_rows(federation) -> None:
     # potential="exact": on these two well-separated 3-D clusters the Sinkhorn potential (ε = 0.1·mean cost)
     # needs > 20,000 iterations against η_Q; the stage's PCA features converge
     clients, validation = federation
-    config = FedBaryConfig(support_size=10, iterations=4)
-    rows, spread = exp.duplication_robustness(clients, validation, client=0, copies=[1, 2, 3], datum_copies=6,
-                                              config=config, potential="exact", seed=0, seed_repeats=2)
+    config = FedBaryConfig(support_size=10, iterations=4, potential="exact")
+    client, rows, spread = duplication_robustness(clients, validation, client=0, copies=[1, 2, 3], datum_copies=6,
+                                                  config=config, seed=0, seed_repeats=2)
+    assert client == clients[0].name
     by = {(r["experiment"], r["stats"], r["datum"], r["copies"]): r for r in rows}
     base = by[("dataset", "original", "", 1)]
     P, Q = augmented_measure(clients[0]), augmented_measure(validation)

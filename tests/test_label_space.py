@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from otfed.distill import LabelSpace
+from otfed.label_space import LabelSpace
 
 
 def test_sentiment_is_the_line_one_to_five_with_taxicab_cost():

@@ -7,8 +7,16 @@ by the vanilla Sinkhorn distance of the papers' eq. 1,
     T_ε(μ, ν) = min_{P ∈ Π(μ, ν)} ⟨P, C⟩ + ε KL(P | μ⊗ν),
 
 where both histograms live on the same C label points and C is the ground cost between labels
-(:meth:`otfed.distill.label_space.LabelSpace.cost_matrix`). A transfer batch of B samples and K teachers
+(:meth:`otfed.label_space.LabelSpace.cost_matrix`). A transfer batch of B samples and K teachers
 is B·K independent C×C problems; they are solved together in one tensor program.
+
+It is otfed's torch entropic solver, beside the NumPy ones for one problem between point clouds:
+:func:`otfed.ot.entropic.sinkhorn_log` (log-domain Sinkhorn; the potentials of FedBary's calibrated
+gradients) and :func:`otfed.ot.semidual.semidual_plan` (semi-dual Newton for a small support against a
+large one; FedWaD). All three solve min ⟨P, C⟩ + ε KL(P | μ⊗ν) through dual potentials, but their ε
+(absolute here and in ``sinkhorn_log``, relative to the mean cost in ``semidual_plan``), ε-scaling
+schedules, stopping rules (column vs row marginal) and array layouts differ, and each is pinned to POT
+by its own tests, so they share no code.
 
 **Which number is returned.** :func:`sinkhorn_histogram_loss` returns, by default, the *transport cost
 of the entropic plan* ⟨P_ε, C⟩ (``value="transport"``). It is what POT's ``ot.sinkhorn2`` returns, it
@@ -57,7 +65,7 @@ next. ε is absolute, in the units of the cost (like POT's ``reg`` and geomloss'
 - ``solver="sinkhorn"`` runs the papers' Algorithm 1 (alternating log-domain f- and g-updates) with the
   same ε-scaling, kept as an independent check. It needs thousands of iterations on many problems
   already at ε = 0.1 with SA's costs up to 4, and leaves a sizeable fraction unconverged after
-  thousands of iterations at the papers' ε = 1e-3 (``tests/distill/test_distill_sinkhorn.py``).
+  thousands of iterations at the papers' ε = 1e-3 (``tests/ot/test_ot_entropic_histograms.py``).
 
 **Measured** on this project's 2 CPU cores, shared with other processes (``python -m
 bench.distill_speed``, ``python -m bench.distill_step``, ``python -m bench.distill_speed
@@ -73,9 +81,10 @@ near-identical and one-hot pairs; SA, ERC and NLI costs; ε = 1e-1, 1e-2, 3e-3, 
 every one converged within the default budget (27 s in all; the replaced solver: 79 s and one
 unconverged near-identical NLI pair).
 
-**Threads.** The solve runs on one torch intra-op thread (``threads=1``, the default; the caller's
-setting is restored on return — with torch's OpenMP backend the setting belongs to the calling thread,
-so concurrent threads do not see it). Its tensors are small (B·K·C² elements): intra-op threads gain
+**Threads.** The solve runs on one torch intra-op thread (``threads=1``, the default) through
+:func:`otfed.device.torch_threads`: nothing is changed when torch already runs with one thread (a CPU
+stage pins it), and otherwise the caller's setting is restored on return, with concurrent threads kept
+from toggling it under each other. Its tensors are small (B·K·C² elements): intra-op threads gain
 nothing there, and on a machine whose cores are shared with other processes every operation waits
 for a descheduled thread — measured on 2 shared cores, the loss for 256 samples × 6 teachers took
 ≈ 7 s with torch's default two threads and ≈ 0.15 s with one, inside the same training step.
@@ -93,12 +102,12 @@ slightly regularised problem. ``value="regularized"`` (gradient f) has no such i
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from otfed.device import torch_threads
 from otfed.errors import OTConvergenceError
 
 SOLVERS = ("newton", "sinkhorn")
@@ -234,10 +243,15 @@ def _row_softmax(S):
     return E.div_(s), (m + s.log())[..., 0]
 
 
+def _semidual_from_lse(p, q, g, lse, eps):
+    """J(g) = ⟨ν, g⟩ + ⟨μ, f(g)⟩ with f = −ε·lse, given the row log-sum-exp of S (g_j with ν_j = 0 do
+    not count)."""
+    return (q * torch.where(q > 0, g, 0.0)).sum(-1) - eps * (p * lse).sum(-1)
+
+
 def _semidual_value(p, q, log_q, g, cost, eps):
     """J(g) = ⟨ν, g⟩ + ⟨μ, f(g)⟩; g may carry extra leading (line-search) dimensions."""
-    lse = _row_lse(_logits(log_q, g, cost, eps))
-    return (q * torch.where(q > 0, g, 0.0)).sum(-1) - eps * (p * lse).sum(-1)
+    return _semidual_from_lse(p, q, g, _row_lse(_logits(log_q, g, cost, eps)), eps)
 
 
 def _conditional_and_column(p, log_q, g, cost, eps):
@@ -352,7 +366,7 @@ def _newton_step(p, q, log_q, support, g, cost, eps, max_step):
     pi, col, lse = _conditional_and_column(p, log_q, g, cost, eps)
     grad = torch.where(support, q - col, 0.0)
     error = grad.abs().sum(-1)
-    J = (q * torch.where(support, g, 0.0)).sum(-1) - eps * (p * lse).sum(-1)
+    J = _semidual_from_lse(p, q, g, lse, eps)
     slack = _J_ROUNDING * (1 + J.abs())  # J's rounding error
     A, r = _scaled_newton_matrix(p, pi, col, q, support)
     L, info = torch.linalg.cholesky_ex(A)
@@ -361,7 +375,7 @@ def _newton_step(p, q, log_q, support, g, cost, eps, max_step):
     g_newton = g + d
     _, col_newton, lse_newton = _conditional_and_column(p, log_q, g_newton, cost, eps)
     error_newton = torch.where(support, q - col_newton, 0.0).abs().sum(-1)
-    J_newton = (q * torch.where(support, g_newton, 0.0)).sum(-1) - eps * (p * lse_newton).sum(-1)
+    J_newton = _semidual_from_lse(p, q, g_newton, lse_newton, eps)
     predicted = 0.5 * (grad * d).sum(-1)
     judged = predicted > slack
     good = (info == 0) & torch.where(judged, J_newton - J >= 0.25 * predicted, error_newton <= 0.5 * error)
@@ -448,7 +462,7 @@ def _sinkhorn_solve(p, q, log_q, support, cost, schedule, n_iter, tol, check_eve
     for stage, eps in enumerate(schedule):
         final = stage == len(schedule) - 1
         for it in range(n_iter if final else 1):
-            f = -eps * torch.logsumexp(log_q[..., None, :] + (g[..., None, :] - cost) / eps, dim=-1)
+            f = -eps * _soft_ctransform(log_q, g, cost, eps)[1]
             g = -eps * torch.logsumexp(log_p[..., :, None] + (f[..., :, None] - cost) / eps, dim=-2)
             g = torch.where(support, g, 0.0)
             steps += 1
@@ -508,20 +522,6 @@ def _values_and_gradients(pw, qw, log_q, support, g, cost, eps, with_gradients):
     return plan, transport, regularized, f, (grad_mu, w, f, g)
 
 
-@contextmanager
-def _intraop_threads(n: int | None):
-    """Run the enclosed torch operations with ``n`` intra-op threads (None: leave the setting alone)."""
-    before = torch.get_num_threads()
-    if n is None or n == before:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 # ----------------------------------------------------------------------------------------------------
 # public API
 
@@ -567,7 +567,7 @@ def entropic_histogram_transport(
     qw = q3.to(work)
     pw = pw / pw.sum(-1, keepdim=True)
     qw = qw / qw.sum(-1, keepdim=True)
-    with _intraop_threads(threads), torch.no_grad():
+    with torch_threads(threads), torch.no_grad():
         mu, nu = pw.detach(), qw.detach()
         support = nu > 0
         log_q = _safe_log(nu)

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import subprocess
@@ -174,3 +176,20 @@ def stage_run(stage: str, params: Any, params_hash: str, experiment: str = EXPER
         status = "FINISHED"
     finally:
         client.set_terminated(tracked.run_id, status)
+
+
+def params_hash(params: Mapping[str, Any]) -> str:
+    """A short, stable hash of the params a stage read (tagged on every MLflow run)."""
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten params to dotted keys (MLflow params; the compare view lines them up)."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, list) else str(value)
+    return out

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import mlflow
 import pandas as pd
 
-from otfed import tracking
+from flows import tracking
 
 
 def test_stage_run_logs_everything(mlflow_uri: str, tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ import ot
 import pytest
 import torch
 
-from otfed.distill import LabelSpace, entropic_histogram_transport, sinkhorn_histogram_loss
 from otfed.errors import OTConvergenceError
+from otfed.label_space import LabelSpace
+from otfed.ot import entropic_histogram_transport, sinkhorn_histogram_loss
 
 F64 = torch.float64
 TASKS = ("sa", "erc", "nli")
@@ -127,6 +128,20 @@ def test_newton_converges_at_the_papers_eps_where_plain_sinkhorn_stalls(task):
     np.testing.assert_allclose(a.cost.numpy(), b.cost.numpy(), atol=1e-9)
 
 
+def _assert_gradient_matches_central_finite_differences(loss, at, generator):
+    """Autograd's gradient of ``loss`` at ``at`` against central differences along 3 random directions
+    that keep every histogram's mass (only those are meaningful, see the module docstring)."""
+    x = at.clone().requires_grad_(True)
+    loss(x).backward()
+    for _ in range(3):
+        direction = torch.randn(at.shape, generator=generator, dtype=F64)
+        direction -= direction.mean(-1, keepdim=True)  # stay on the simplex
+        h = 1e-6
+        fd = (loss(at + h * direction) - loss(at - h * direction)) / (2 * h)
+        ad = (x.grad * direction).sum()
+        assert float(abs(fd - ad)) <= 1e-6 * (1 + float(x.grad.norm() * direction.norm()))
+
+
 @pytest.mark.parametrize("value", ["transport", "regularized"])
 @pytest.mark.parametrize("eps", [0.1, 0.02])
 @pytest.mark.parametrize("task", ["sa", "erc"])
@@ -136,15 +151,7 @@ def test_gradient_matches_central_finite_differences(task, eps, value):
     g = torch.Generator().manual_seed(6)
     weights = torch.randn(3, 2, generator=g, dtype=F64)
     loss = lambda x: (sinkhorn_histogram_loss(x, q, C, eps, value=value, tol=1e-13) * weights).sum()
-    x = p.clone().requires_grad_(True)
-    loss(x).backward()
-    for _ in range(3):
-        direction = torch.randn(p.shape, generator=g, dtype=F64)
-        direction -= direction.mean(-1, keepdim=True)  # stay on the simplex
-        h = 1e-6
-        fd = (loss(p + h * direction) - loss(p - h * direction)) / (2 * h)
-        ad = (x.grad * direction).sum()
-        assert float(abs(fd - ad)) <= 1e-6 * (1 + float(x.grad.norm() * direction.norm()))
+    _assert_gradient_matches_central_finite_differences(loss, p, g)
 
 
 @pytest.mark.parametrize("value", ["transport", "regularized"])
@@ -158,15 +165,7 @@ def test_gradient_wrt_teacher_histograms_matches_central_finite_differences(task
     g = torch.Generator().manual_seed(13)
     weights = torch.randn(3, 2, generator=g, dtype=F64)
     loss = lambda y: (sinkhorn_histogram_loss(p, y, C, eps, value=value, tol=1e-13) * weights).sum()
-    y = q.clone().requires_grad_(True)
-    loss(y).backward()
-    for _ in range(3):
-        direction = torch.randn(q.shape, generator=g, dtype=F64)
-        direction -= direction.mean(-1, keepdim=True)
-        h = 1e-6
-        fd = (loss(q + h * direction) - loss(q - h * direction)) / (2 * h)
-        ad = (y.grad * direction).sum()
-        assert float(abs(fd - ad)) <= 1e-6 * (1 + float(y.grad.norm() * direction.norm()))
+    _assert_gradient_matches_central_finite_differences(loss, q, g)
 
 
 def test_label_groups_that_must_exchange_a_tiny_mass_converge():

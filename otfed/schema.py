@@ -1,0 +1,66 @@
+"""The base of every configuration type in otfed: strict pydantic models.
+
+The library's config types (``FedWaDConfig``, ``FedBaryConfig``, ``FedAvgConfig``, ``ModelSpec``,
+``TrainingConfig``, ``TextTaskSpec``, the federation specs …) are the types ``params.yaml`` validates into —
+one type per concept, one set of defaults. Unknown keys are errors (a typo fails loudly), and building one
+directly with a bad value raises :class:`~otfed.errors.ConfigError` naming the field and what is allowed.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic._internal._model_construction import ModelMetaclass  # the metaclass of every pydantic model
+
+from otfed.errors import ConfigError
+
+PositiveInt = Annotated[int, Field(ge=1)]  # list items: errors name the index, e.g. toy.dims[1]
+
+
+def _interpolation_time(v: Any) -> Any:
+    if isinstance(v, float) and not 0.0 < v < 1.0:
+        raise ValueError(f"must be 'random' or a number in (0, 1) (got {v})")
+    return v
+
+
+# FedWaD's interpolation time: "random" (t ~ U(0, 1) at every interpolation) or a fixed t in (0, 1);
+# None is accepted from Python callers as "random".
+InterpolationTime = Annotated[Union[Literal["random"], float],
+                              BeforeValidator(lambda v: "random" if v is None else v),
+                              AfterValidator(_interpolation_time)]
+
+
+def error_lines(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One ``key.path: message`` line per pydantic error (the message pydantic gives, made plain)."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        full = f"{prefix}{path}" if path else prefix.rstrip(".")
+        lines.append(f"{full}: {msg}" if full else msg)
+    return lines
+
+
+class _RaisesConfigError(ModelMetaclass):
+    """Direct construction (``FedWaDConfig(t=2.0)``) raises ConfigError; validation nested inside another
+    model (a whole params file) still reports pydantic's errors with their full key paths."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            raise ConfigError("\n".join(f"{cls.__name__}: {line}" for line in error_lines(exc))) from None
+
+
+class Strict(BaseModel, metaclass=_RaisesConfigError):
+    """Base for every config type: unknown keys are errors, values are validated on assignment.
+
+    Direct construction with bad values raises ConfigError (one line per problem); validation of a whole
+    params file goes through ``model_validate`` and is formatted by the stage layer.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)

@@ -1,0 +1,41 @@
+"""Client-level cooperative games of FedBary §5.1: the players are the clients, a coalition's worth is
+the validation accuracy of FedAvg trained on its members, and values are reported as shares of the total.
+
+* :func:`fedavg_utility` — u(S) for :class:`~otfed.valuation.baselines.ExactShapley`,
+  :class:`~otfed.valuation.baselines.LeaveOneOut`, :class:`~otfed.valuation.baselines.PermutationShapley`
+  (players = rows 0..N−1 of the ValuationData).
+* :func:`percent_of_total` — 100 · v_i / Σ_j v_j, the paper's normalisation (fig. 4).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from otfed.data.parties import n_classes_of
+from otfed.fl.fedavg import FedAvgConfig, fedavg_accuracy
+from otfed.ot.otdd import LabelledData
+from otfed.valuation.baselines import Utility, ValuationData
+
+
+def fedavg_utility(clients: Sequence[LabelledData], validation: LabelledData, config: FedAvgConfig,
+                   seed: int) -> Utility:
+    """The client-level cooperative game of FedBary §5.1: u(S) = validation accuracy of FedAvg
+    (:func:`~otfed.fl.fedavg.fedavg_accuracy`, ``config``, seeded by ``seed``) trained on the clients in S
+    (players = rows 0..N−1 of the ValuationData); u(∅) = the initial model's accuracy."""
+    n_classes = n_classes_of(validation.y, *[c.y for c in clients])
+
+    def utility(data: ValuationData, coalition: np.ndarray) -> float:
+        members = [(clients[int(i)].x, clients[int(i)].y) for i in np.sort(coalition)]
+        return fedavg_accuracy(members, (validation.x, validation.y), n_classes, config, seed)
+
+    return utility
+
+
+def percent_of_total(values: np.ndarray) -> np.ndarray:
+    """100 · v_i / Σ_j v_j (the paper's normalisation of Shapley-type values, fig. 4); NaN when Σ v = 0."""
+    values = np.asarray(values, dtype=np.float64)
+    total = values.sum()
+    if not abs(total) > 1e-9 * max(float(np.abs(values).max(initial=0.0)), 1e-300):
+        return np.full_like(values, np.nan)  # Σ v ≈ 0 (e.g. leave-one-out on a flat game): no share defined
+    return 100.0 * values / total

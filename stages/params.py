@@ -1,0 +1,203 @@
+"""``params.yaml``: the run group, every stage's group (found in the stage modules), validated once.
+
+:func:`load_params` reads the file and validates it into :class:`Params` — a model with the ``run``
+group and one field per stage, typed with the stage module's own params type. pydantic's errors become
+one line per problem naming the key path and what is allowed (:class:`~otfed.errors.ConfigError`); the
+runner prints them and exits with status 2 without writing anything.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import typing
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
+
+from otfed.errors import ConfigError
+from otfed.schema import Strict
+from stages.stage import Stage
+
+INFRASTRUCTURE = {"stage", "params", "layout"}  # modules of stages/ that are not stages
+
+
+class RunParams(Strict):
+    """Settings shared by every stage."""
+
+    seed: int = Field(0, ge=0, description="Global seed; the same params give the same numbers twice.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N — where torch code runs.")
+    task_runner: Literal["thread", "sequential"] = "thread"
+    max_workers: int = Field(2, ge=1, le=256)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v in {"auto", "cpu", "cuda"} or (v.startswith("cuda:") and v[5:].isdigit()):
+            return v
+        raise ValueError(f"must be one of auto, cpu, cuda, cuda:N (got {v!r})")
+
+
+@cache
+def stages() -> dict[str, Stage]:
+    """Every stage of the pipeline: the ``STAGE`` of each module in ``stages/``, by name."""
+    import stages as package
+
+    found: dict[str, Stage] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name in INFRASTRUCTURE or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"stages.{info.name}")
+        stage = getattr(module, "STAGE", None)
+        if isinstance(stage, Stage):
+            found[stage.name] = stage
+    return found
+
+
+def stage(name: str) -> Stage:
+    """The stage called ``name``; ConfigError listing the stages otherwise."""
+    known = stages()
+    if name not in known:
+        raise ConfigError(f"unknown stage {name!r}; stages: {', '.join(sorted(known))}")
+    return known[name]
+
+
+class _ParamsBase(Strict):
+    """Base of :class:`Params`: after every group validates, each stage checks its cross-group references."""
+
+    @model_validator(mode="after")
+    def _references(self) -> "_ParamsBase":
+        for s in stages().values():
+            if s.check is not None and getattr(self, s.name) is not None:
+                s.check(self)
+        return self
+
+
+@cache
+def params_model() -> type[BaseModel]:
+    """The whole params.yaml: ``run`` plus one optional group per stage (required ones must be present)."""
+    fields: dict[str, Any] = {"run": (RunParams, RunParams())}
+    for s in stages().values():
+        fields[s.name] = (s.params, ...) if s.required else (typing.Optional[s.params], None)
+    return create_model("Params", __base__=_ParamsBase, **fields)
+
+
+if typing.TYPE_CHECKING:
+    Params = Any  # noqa: N816 — the dynamic model of :func:`params_model`
+else:
+    def __getattr__(name: str) -> Any:  # ``from stages.params import Params``
+        if name == "Params":
+            return params_model()
+        raise AttributeError(name)
+
+
+# ------------------------------------------------------------------------------------------ errors
+def _union_member(annotation: Any, tag: str) -> type[BaseModel] | None:
+    """The member of a discriminated union whose ``scheme`` literal is ``tag`` (e.g. a federation spec)."""
+    for arg in typing.get_args(annotation) or (annotation,):
+        for inner in typing.get_args(arg) or (arg,):
+            if isinstance(inner, type) and issubclass(inner, BaseModel) and "scheme" in inner.model_fields:
+                if tag in typing.get_args(inner.model_fields["scheme"].annotation):
+                    return inner
+    return None
+
+
+def _models_in(annotation: Any) -> list[Any]:
+    """Every annotation nested in ``annotation`` (Optional, dict values, lists, Annotated)."""
+    out, stack = [], [annotation]
+    while stack:
+        a = stack.pop()
+        out.append(a)
+        stack.extend(typing.get_args(a))
+    return out
+
+
+def _format_error(err: dict[str, Any], data: Any) -> str:
+    loc = [str(x) for x in err["loc"]]
+    parts: list[str] = []
+    node = data
+    for part in loc:
+        if part == "[key]":  # a mapping key that failed validation (e.g. an unknown text task)
+            continue
+        if isinstance(node, dict) and part in node:
+            parts.append(part)
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            parts.append(f"[{part}]")
+            node = node[int(part)]
+        elif (isinstance(node, dict) and node.get("scheme") == part) or _is_type_tag(part):
+            continue  # a union branch name, not a key the user wrote
+        else:
+            parts.append(part)  # the unknown or missing key itself
+    path = ".".join(parts).replace(".[", "[")
+    msg = err["msg"]
+    if loc and loc[-1] == "[key]":
+        msg = f"invalid key: {msg}"
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    got = err.get("input")
+    if err["type"] not in {"missing", "extra_forbidden"} and not isinstance(got, (dict, list)) and "(got" not in msg:
+        msg += f" (got {got!r})"
+    return f"{path}: {msg}" if path else msg
+
+
+def _is_type_tag(part: str) -> bool:
+    """pydantic's names for union branches of plain types (``str``, ``literal['random']``, ``list[int]`` …)."""
+    return part in {"str", "int", "float", "bool", "none"} or part.startswith(("literal[", "list[", "function-"))
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    return [c for c in _models_in(annotation) if isinstance(c, type) and issubclass(c, BaseModel)]
+
+
+def _allowed_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed in the mapping that contains the (unknown) key at ``loc``."""
+    annotation: Any = params_model()
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # a list index
+        field = next((m.model_fields[part] for m in _models(annotation) if part in m.model_fields), None)
+        if field is not None:
+            annotation = field.annotation
+            continue
+        member = next((m for m in (_union_member(a, str(part)) for a in _models_in(annotation)) if m), None)
+        if member is not None:  # a union branch tag (a federation's scheme)
+            annotation = member
+        # else: a mapping key chosen by the user (a federation name): the value type is inside annotation
+    models = _models(annotation)
+    return sorted(models[0].model_fields) if models else []
+
+
+def validate_params(data: Any, source: str = "params.yaml") -> Any:
+    """Validate a parsed params mapping; raise ConfigError with one line per problem (key path + allowed)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of stage groups, got {type(data).__name__}")
+    try:
+        return params_model().model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            line = _format_error(err, data)
+            if err["type"] == "extra_forbidden":
+                line += f"; allowed keys here: {', '.join(_allowed_at(err['loc']))}"
+            lines.append(f"{source}: {line}")
+        # union branches can repeat the same complaint; keep order, drop duplicates
+        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Any:
+    """Read and validate params.yaml (one group per stage; see the comments in the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found (run from the repository root)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from None
+    return validate_params(data, source=str(path))
