@@ -1,0 +1,1 @@
+"""matplotlib figures of each stage's report (pure functions: data in, figure out)."""
