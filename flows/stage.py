@@ -103,13 +103,12 @@ class TrackedReport:
 
 def params_read(p: Any, stage: Stage) -> dict[str, Any]:
     """The params a stage reads, as JSON-able values: ``run``, its own group, and its ``reads`` keys."""
-    read: dict[str, Any] = {"run": p.run.model_dump(mode="json"),
-                            stage.name: getattr(p, stage.name).model_dump(mode="json")}
+    read: dict[str, Any] = {"run": _jsonable(p.run), stage.name: _jsonable(getattr(p, stage.name))}
     for key in stage.reads:
         value: Any = p
         for part in key.split("."):
-            value = getattr(value, part) if not isinstance(value, dict) else value[part]
-        read[key] = value.model_dump(mode="json") if hasattr(value, "model_dump") else _jsonable(value)
+            value = value[part] if isinstance(value, dict) else getattr(value, part)
+        read[key] = _jsonable(value)
     return read
 
 
@@ -143,10 +142,9 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
 
 def main(stage: Stage | str, params_path: str | Path = "params.yaml") -> int:
     """``python -m stages.<name>``: validate params, run the stage as a Prefect flow, map errors to exit 2."""
-    name = stage if isinstance(stage, str) else stage.name
     try:
         p = load_params(params_path)
-        the_stage = stage_named(name)
+        the_stage = stage_named(stage) if isinstance(stage, str) else stage
     except OtfedError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -158,7 +156,7 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml") -> int:
 
     runner = task_runner(p.run.task_runner, p.run.max_workers)
     try:
-        flow(name=name, validate_parameters=False, task_runner=runner)(stage_flow)(params_read(p, the_stage))
+        flow(name=the_stage.name, validate_parameters=False, task_runner=runner)(stage_flow)(params_read(p, the_stage))
     except OtfedError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

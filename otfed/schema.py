@@ -7,7 +7,7 @@ directly with a bad value raises :class:`~otfed.errors.ConfigError` naming the f
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass  # the metaclass of every pydantic model
@@ -30,18 +30,21 @@ InterpolationTime = Annotated[Union[Literal["random"], float],
                               AfterValidator(_interpolation_time)]
 
 
-def error_lines(exc: ValidationError, prefix: str = "") -> list[str]:
-    """One ``key.path: message`` line per pydantic error (the message pydantic gives, made plain)."""
+def plain_message(err: Mapping[str, Any]) -> str:
+    """pydantic's message for one error, made plain: ``unknown key`` for a forbidden extra key, and a
+    validator's own message without pydantic's ``Value error, `` prefix."""
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    msg = err["msg"]
+    return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+
+
+def error_lines(exc: ValidationError) -> list[str]:
+    """One ``key.path: message`` line per pydantic error (:func:`plain_message`)."""
     lines = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        full = f"{prefix}{path}" if path else prefix.rstrip(".")
-        lines.append(f"{full}: {msg}" if full else msg)
+        lines.append(f"{path}: {plain_message(err)}" if path else plain_message(err))
     return lines
 
 

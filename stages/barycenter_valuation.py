@@ -19,7 +19,6 @@ removal curves drop the most suspicious first.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple, Sequence
 
@@ -43,7 +42,8 @@ from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, Permut
                              fedavg_utility, flag_noisy, knn_leave_one_out, mass_moved_by_duplication,
                              percent_of_total, point_removal_curve, repeated_dataset, repeated_datum)
 from stages import layout
-from stages.stage import Job, Report, Stage
+from stages.params import server_split_federation
+from stages.stage import Job, Report, Stage, timed
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -134,40 +134,23 @@ def check(p: Params) -> None:
     """Every federation named exists, has a server test split larger than the validation set cut from it;
     the outlier client and the duplicated client exist, and the outlier federation is clean."""
     bv = p.barycenter_valuation
-    known = p.partition.federations
-    c = bv.contributions
-    refs: list[tuple[str, str, int]] = [(f"barycenter_valuation.contributions.federations[{i}]", n,
-                                         c.validation_samples) for i, n in enumerate(c.federations)]
-    refs.append(("barycenter_valuation.contributions.outlier.federation", c.outlier.federation, c.validation_samples))
-    refs.append(("barycenter_valuation.detection.federation", bv.detection.federation,
-                 bv.detection.validation_samples))
-    for path, name, n_val in refs:
-        if name not in known:
-            raise ValueError(f"{path}: unknown federation {name!r}; defined: {sorted(known)}")
-        spec = known[name]
-        if spec.scheme == "by_dataset":
-            raise ValueError(f"{path}: {name!r} has scheme 'by_dataset' (no server test split)")
-        if n_val >= spec.test_samples:
-            raise ValueError(f"{path}: validation_samples ({n_val}) must be smaller than "
-                             f"partition.federations.{name}.test_samples ({spec.test_samples})")
-    o = c.outlier
-    spec = known[o.federation]
+    c, o, d = bv.contributions, bv.contributions.outlier, bv.duplication
+    for i, name in enumerate(c.federations):
+        server_split_federation(p, f"barycenter_valuation.contributions.federations[{i}]", name,
+                                c.validation_samples)
+    spec = server_split_federation(p, "barycenter_valuation.contributions.outlier.federation", o.federation,
+                                   c.validation_samples)
+    server_split_federation(p, "barycenter_valuation.detection.federation", bv.detection.federation,
+                            bv.detection.validation_samples)
     if o.client >= getattr(spec, "n_clients", 0):
         raise ValueError(f"barycenter_valuation.contributions.outlier.client: {o.client} ≥ n_clients of "
                          f"{o.federation!r}")
     if getattr(spec, "scheme", None) == "fedbary_case" and spec.case in (4, 5):
         raise ValueError(f"barycenter_valuation.contributions.outlier.federation: {o.federation!r} is already "
                          f"noisy (case {spec.case}); use a clean federation")
-    d = bv.duplication
     key = "barycenter_valuation.duplication"
-    if d.federation not in known:
-        raise ValueError(f"{key}.federation: unknown federation {d.federation!r}; defined: {sorted(known)}")
-    spec = known[d.federation]
-    if spec.scheme == "by_dataset":
-        raise ValueError(f"{key}.federation: {d.federation!r} has scheme 'by_dataset' (no server test split)")
-    if d.validation_samples >= spec.test_samples:
-        raise ValueError(f"{key}.validation_samples ({d.validation_samples}) must be smaller than "
-                         f"partition.federations.{d.federation}.test_samples ({spec.test_samples})")
+    spec = server_split_federation(p, f"{key}.federation", d.federation, d.validation_samples,
+                                   validation_key=f"{key}.validation_samples")
     if d.client >= getattr(spec, "n_clients", 0):
         raise ValueError(f"{key}.client: {d.client} ≥ n_clients of {d.federation!r} "
                          f"({getattr(spec, 'n_clients', 0)})")
@@ -221,12 +204,6 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     return out
 
 
-def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
-
-
 # --------------------------------------------------------------------------------- contributions
 def client_contributions(name: str, clients: list[LabelledData], validation: LabelledData, config: FedBaryConfig,
                          fedavg: FedAvgConfig, permutations: int, seed: int) -> list[dict[str, Any]]:
@@ -242,15 +219,15 @@ def client_contributions(name: str, clients: list[LabelledData], validation: Lab
             rows.append(dict(federation=name, method=method, client=client, value=float(values[k]),
                              percent=float(percent[k]), seconds=seconds))
 
-    res, secs = _timed(federated_valuation, clients, config, validation=validation, seed=seed)
+    res, secs = timed(federated_valuation, clients, config, validation=validation, seed=seed)
     add("fedbary_validation", res.distances, res.contributions, secs)
-    res, secs = _timed(federated_valuation, clients, config, validation=None, seed=seed)
+    res, secs = timed(federated_valuation, clients, config, validation=None, seed=seed)
     add("fedbary_barycenter", res.distances, res.contributions, secs)
     players = ValuationData(np.arange(len(clients), dtype=np.float64)[:, None], np.zeros(len(clients), dtype=np.int64))
     utility = fedavg_utility(clients, validation, fedavg, seed)
     for method, valuer in (("exact_shapley", ExactShapley(utility)), ("leave_one_out", LeaveOneOut(utility)),
                            ("monte_carlo_shapley", PermutationShapley(utility, permutations, seed=seed))):
-        values, secs = _timed(valuer.fit, players)
+        values, secs = timed(valuer.fit, players)
         add(method, values, percent_of_total(values), secs)
     return rows
 
@@ -321,14 +298,14 @@ def suspicion_scores(clients: list[LabelledData], validation: LabelledData, conf
     data = ValuationData(x, y, validation.x, validation.y)
     scores: dict[str, np.ndarray] = {}
     seconds: dict[str, float] = {}
-    res, seconds["fedbary"] = _timed(federated_valuation, clients, config, validation=validation, seed=seed,
+    res, seconds["fedbary"] = timed(federated_valuation, clients, config, validation=validation, seed=seed,
                                      datum_values=True, potential=config.potential)
     scores["fedbary"] = np.concatenate([res.datum_values[c.name] for c in clients])
-    scores["lava"], seconds["lava"] = _timed(Lava(p=config.p, potential=config.potential,
+    scores["lava"], seconds["lava"] = timed(Lava(p=config.p, potential=config.potential,
                                                   diagonal=config.diagonal).fit, data)
-    values, seconds["knn_shapley"] = _timed(KNNShapley(knn_k).fit, data)
+    values, seconds["knn_shapley"] = timed(KNNShapley(knn_k).fit, data)
     scores["knn_shapley"] = -values
-    values, seconds["leave_one_out"] = _timed(knn_leave_one_out, data, knn_k)
+    values, seconds["leave_one_out"] = timed(knn_leave_one_out, data, knn_k)
     scores["leave_one_out"] = -values
     scores["random"] = np.random.default_rng(np.random.SeedSequence([seed, 7])).random(len(y))
     seconds["random"] = 0.0

@@ -127,14 +127,15 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
 
 def global_reference(task: str, global_model_dir: str, sets: Sequence[EvaluationSet], batch_size: int,
-                     device: str) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+                     device: str) -> tuple[list[dict[str, Any]], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The pretrained global model itself scored on every test set: the "before distillation" rows of
-    tables 2–4. Returns table rows and the test-set probabilities."""
+    tables 2–4. Returns table rows, the test-set probabilities and the test-set labels (saved beside every
+    variant's predictions)."""
     rows, probs = evaluate(TextClassifier.load(global_model_dir, device=device), task, sets,
                            LabelSpace.for_task(task), batch_size)
     for r in rows:
         r.update(task=task, variant=GLOBAL, loss="", weighting="", seconds=0.0)
-    return rows, probs
+    return rows, probs, {name: labels for name, _, labels in sets}
 
 
 def distill_variant(task: str, variant: str, loss: str, weighting: str, label_space: LabelSpace,
@@ -178,7 +179,7 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     histories: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
     for i, task in enumerate(p.train_teachers.tasks):
-        (base_rows, base_probs), *students = results[i * per_task:(i + 1) * per_task]
+        (base_rows, base_probs, labels), *students = results[i * per_task:(i + 1) * per_task]
         rows.extend(base_rows)
         probabilities = {GLOBAL: base_probs}
         for (name, loss, weighting, one_hot), (variant_rows, probs, history) in zip(variants(d), students):
@@ -197,8 +198,6 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
                     scores[f"{r['test_set']}.score"] = float(r["score"])
                     scores[f"{r['test_set']}.semantic_distance"] = float(r["semantic_distance"])
                 child.log_metrics({**scores, "seconds": variant_rows[0]["seconds"]})
-        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
-        labels = {name: y for name, _, y in evaluation_sets(fed)}
         io.write_npz(out.out / f"predictions_{task}.npz",
                      **{f"{v}|{s}": pr for v, by_set in probabilities.items() for s, pr in by_set.items()},
                      **{f"labels|{s}": y for s, y in labels.items()})

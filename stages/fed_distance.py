@@ -12,7 +12,6 @@ with one sample) are left out of the distances and listed in ``degenerate_client
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -35,7 +34,8 @@ from otfed.ot import otdd_exact, wasserstein
 from otfed.ot.otdd import LabelledData
 from otfed.schema import PositiveInt, Strict
 from stages import layout
-from stages.stage import Job, Report, Stage
+from stages.params import named_federation
+from stages.stage import Job, Report, Stage, timed
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -88,17 +88,11 @@ class FedDistanceParams(Strict):
 
 def check(p: Params) -> None:
     """The OTDD federation exists and has one client per dataset; the clustering federations exist."""
-    known = p.partition.federations
     ref = p.fed_distance.otdd.federation
-    if ref not in known:
-        raise ValueError(f"fed_distance.otdd.federation: unknown federation {ref!r}; defined: {sorted(known)}")
-    if known[ref].scheme != "by_dataset":
+    if named_federation(p, "fed_distance.otdd.federation", ref).scheme != "by_dataset":
         raise ValueError(f"fed_distance.otdd.federation: {ref!r} must have scheme 'by_dataset'")
     for name in p.fed_distance.clustering.federations:
-        if name not in known:
-            raise ValueError(
-                f"fed_distance.clustering.federations: unknown federation {name!r}; defined: {sorted(known)}"
-            )
+        named_federation(p, "fed_distance.clustering.federations", name)
 
 
 # -------------------------------------------------------------------------------------------- jobs
@@ -163,12 +157,6 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     return out
 
 
-def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
-
-
 def toy_case(dim: int, ratio: int, n: int, repeat: int, supports: list[int], iterations: int,
              exact_interp_max_n: int, seed: int, solver: str = "auto") -> list[dict[str, Any]]:
     """One (d, ratio, n, repeat) cell of fig. 2: exact W, approximate FedWaD per support S, and
@@ -181,7 +169,7 @@ def toy_case(dim: int, ratio: int, n: int, repeat: int, supports: list[int], ite
     """
     rng = np.random.default_rng(np.random.SeedSequence([seed, dim, ratio, n, repeat]))
     x_mu, x_nu = gaussian_pair(n, ratio, dim, rng)
-    exact, t_exact = _timed(wasserstein, x_mu, x_nu, p=2)
+    exact, t_exact = timed(wasserstein, x_mu, x_nu, p=2)
     base = dict(dim=dim, ratio=ratio, n=n, n_nu=len(x_nu), repeat=repeat, exact=exact)
     rows = [dict(base, method="exact_ot", support=0, value=exact, rel_error=0.0, seconds=t_exact, note="")]
     variants = [("fedwad_approx", FedWaDConfig(support_size=s, iterations=iterations, interpolation="approx",
@@ -192,7 +180,7 @@ def toy_case(dim: int, ratio: int, n: int, repeat: int, supports: list[int], ite
                                                              max_support=EXACT_SUPPORT_CAP * n)))
     for method, config in variants:
         try:
-            result, secs = _timed(federated_wasserstein, x_mu, x_nu, config, seed=seed + repeat)
+            result, secs = timed(federated_wasserstein, x_mu, x_nu, config, seed=seed + repeat)
         except SupportGrowthError as exc:  # unequal sizes split atoms every round: report, don't hang
             rows.append(dict(base, method=method, support=config.support_size, value=np.nan, rel_error=np.nan,
                              seconds=np.nan, note=str(exc)))
@@ -225,8 +213,8 @@ def toy_convergence(dim: int, n: int, support: int, iterations: int, interpolati
 def otdd_pair(a: LabelledData, b: LabelledData, config: FedWaDConfig, seed: int,
               diagonal: bool = True) -> dict[str, Any]:
     """Federated OTDD (FedWaD on augmented samples) next to the exact OTDD on the same samples (fig. 6)."""
-    fed, t_fed = _timed(federated_otdd, a, b, config, seed=seed, diagonal=diagonal)
-    exact, t_exact = _timed(otdd_exact, a.x, a.y, b.x, b.y, diagonal=diagonal)
+    fed, t_fed = timed(federated_otdd, a, b, config, seed=seed, diagonal=diagonal)
+    exact, t_exact = timed(otdd_exact, a.x, a.y, b.x, b.y, diagonal=diagonal)
     return dict(a=a.name, b=b.name, federated=fed.estimate, exact=exact, seconds_federated=t_fed,
                 seconds_exact=t_exact, bytes=fed.ledger.total_bytes, messages=len(fed.ledger.entries))
 

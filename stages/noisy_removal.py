@@ -25,6 +25,7 @@ from otfed.ot.otdd import LabelledData
 from otfed.schema import Strict
 from otfed.valuation import flag_noisy
 from stages import layout
+from stages.params import server_split_federation
 from stages.stage import Job, Report, Stage
 
 if TYPE_CHECKING:
@@ -51,17 +52,8 @@ class NoisyRemovalParams(Strict):
 def check(p: Params) -> None:
     """The federations exist, have a server test split and more test rows than ``validation_samples``."""
     nr = p.noisy_removal
-    known = p.partition.federations
     for i, name in enumerate(nr.federations):
-        path = f"noisy_removal.federations[{i}]"
-        if name not in known:
-            raise ValueError(f"{path}: unknown federation {name!r}; defined: {sorted(known)}")
-        spec = known[name]
-        if spec.scheme == "by_dataset":
-            raise ValueError(f"{path}: {name!r} has scheme 'by_dataset' (no server test split)")
-        if nr.validation_samples >= spec.test_samples:
-            raise ValueError(f"{path}: validation_samples ({nr.validation_samples}) must be smaller than "
-                             f"partition.federations.{name}.test_samples ({spec.test_samples})")
+        server_split_federation(p, f"noisy_removal.federations[{i}]", name, nr.validation_samples)
 
 
 # -------------------------------------------------------------------------------------------- jobs

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
 from otfed.errors import ConfigError
-from otfed.schema import Strict
+from otfed.schema import Strict, plain_message
 from stages.stage import Stage
 
 INFRASTRUCTURE = {"stage", "params", "layout"}  # modules of stages/ that are not stages
@@ -62,6 +62,28 @@ def stage(name: str) -> Stage:
     if name not in known:
         raise ConfigError(f"unknown stage {name!r}; stages: {', '.join(sorted(known))}")
     return known[name]
+
+
+def named_federation(p: Any, path: str, name: str) -> Any:
+    """The spec of federation ``name`` that the key ``path`` names; ValueError listing the defined ones."""
+    known = p.partition.federations
+    if name not in known:
+        raise ValueError(f"{path}: unknown federation {name!r}; defined: {sorted(known)}")
+    return known[name]
+
+
+def server_split_federation(p: Any, path: str, name: str, n_validation: int,
+                            validation_key: str | None = None) -> Any:
+    """:func:`named_federation`, which must also have a server test split with more rows than the
+    ``n_validation`` a stage cuts from it as its validation set (``validation_key`` names that setting in
+    the error; by default ``<path>: validation_samples``)."""
+    spec = named_federation(p, path, name)
+    if spec.scheme == "by_dataset":
+        raise ValueError(f"{path}: {name!r} has scheme 'by_dataset' (no server test split)")
+    if n_validation >= spec.test_samples:
+        raise ValueError(f"{validation_key or f'{path}: validation_samples'} ({n_validation}) must be smaller than "
+                         f"partition.federations.{name}.test_samples ({spec.test_samples})")
+    return spec
 
 
 class _ParamsBase(Strict):
@@ -132,15 +154,9 @@ def _format_error(err: dict[str, Any], data: Any) -> str:
         else:
             parts.append(part)  # the unknown or missing key itself
     path = ".".join(parts).replace(".[", "[")
-    msg = err["msg"]
+    msg = "required key is missing" if err["type"] == "missing" else plain_message(err)
     if loc and loc[-1] == "[key]":
         msg = f"invalid key: {msg}"
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] == "missing":
-        msg = "required key is missing"
-    elif msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
     got = err.get("input")
     if err["type"] not in {"missing", "extra_forbidden"} and not isinstance(got, (dict, list)) and "(got" not in msg:
         msg += f" (got {got!r})"

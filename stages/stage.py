@@ -21,6 +21,7 @@ jobs out with the configured task runner, opens the MLflow run and hands :func:`
 """
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,13 @@ class Job:
 
     def __call__(self) -> Any:
         return self.fn(**self.kwargs)
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``fn(*args, **kwargs)`` and its wall time in seconds (the ``seconds`` columns of stage tables)."""
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
 
 
 class Variant(Protocol):
