@@ -1,41 +1,61 @@
 """The one generic stage flow: every DVC stage runs through :func:`main` / :func:`run_stage`.
 
-``python -m stages.<name>`` (what ``dvc.yaml`` calls) → :func:`main`:
+``python -m stages.<name> [--verbose]`` (what ``dvc.yaml`` calls) → :func:`main`:
 
-1. ``params.yaml`` is validated once (bad params → one line per problem, exit 2, nothing written);
-2. the stage runs as a Prefect flow named after it, with the task runner of ``run.task_runner``;
+1. ``params.yaml`` is validated and the stage's input files are checked (``Stage.preflight``) before any
+   server starts: bad params or a bad data file → one ``error:`` line per problem, exit 2, nothing written;
+2. the stage runs as a Prefect flow named after it, with the task runner of ``run.task_runner``; a progress
+   line per finished task (done / total, elapsed, ETA) goes to stderr and, as an INFO log, to the flow run
+   in the Prefect UI;
 3. :func:`run_stage`: every output folder of the stage is built in a staging folder and swapped in only
    when the whole stage succeeds; one MLflow run (tags ``stage``, ``git_commit``, ``params_hash``) holds
    the params it read, the report's tables and figures, its nested variant runs and ``metrics.json``;
    the stage's jobs fan out as Prefect tasks (one task run per job, results in job order);
-4. an :class:`~otfed.errors.OtfedError` (missing data file, degenerate client …) → ``error: …``, exit 2.
+4. a failure ends in one ``error:`` line naming the task that failed (exit 2 for an
+   :class:`~otfed.errors.OtfedError` — bad data, degenerate client —, 1 for anything else); the full
+   traceback goes to the stage's log file (``.prefect/logs/<stage>.log``) and, with ``--verbose``, to the
+   console with Prefect's own logs;
+5. Ctrl-C / SIGTERM end the MLflow run as KILLED and the Prefect flow run as crashed, stop the temporary
+   Prefect server and keep the previous outputs (exit 130 / 143). The outputs are ``persist: true`` in
+   ``dvc.yaml``, so DVC does not delete them before the command runs either.
 
 Outside a Prefect flow (tests, notebooks) :func:`run_stage` runs the jobs in order in-process: no server.
 """
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import re
+import signal
+import subprocess
 import sys
+import threading
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import pandas as pd
+import yaml
 
-from flows import tracking
+from flows import project, tracking
 from otfed import io
 from otfed.errors import ConfigError, OtfedError
 from stages.params import load_params, stage as stage_named, validate_params
-from stages.stage import Job, Stage
+from stages.stage import Job, Stage, headline_metrics, unmatched_patterns
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("otfed.stage")
 
 
-def configure_prefect_environment() -> None:
-    """Project-local Prefect home, no analytics, quiet logs; call before importing prefect."""
-    os.environ.setdefault("PREFECT_HOME", str(REPO_ROOT / ".prefect"))
+def configure_prefect_environment(verbose: bool = False) -> None:
+    """Prefect home in the user's project, no analytics, INFO logs to the Prefect UI, and a console that
+    shows Prefect's own logs only with ``verbose`` (the runner prints progress and errors itself).
+    Call before importing prefect."""
+    os.environ.setdefault("PREFECT_HOME", str(project.prefect_home()))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
@@ -51,21 +71,100 @@ def task_runner(kind: str, max_workers: int) -> Any:
     raise ValueError(f"run.task_runner must be one of thread, sequential (got {kind!r})")
 
 
+# ---------------------------------------------------------------------------------------- progress
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class Progress:
+    """``[stage] 3/12 tasks · <task> done · 0:21 elapsed · ETA 1:04`` on stderr for each finished task (at
+    most one line per ``every`` seconds, and always the last), and the same line as an INFO log of the
+    Prefect flow run when there is one."""
+
+    def __init__(self, label: str, total: int, every: float = 2.0) -> None:
+        self.label, self.total, self.every = label, total, every
+        self.done = 0
+        self.start = time.monotonic()
+        self._last = float("-inf")
+        self._lock = threading.Lock()
+
+    def say(self, message: str) -> None:
+        line = f"[{self.label}] {message}"
+        print(line, file=sys.stderr, flush=True)
+        _flow_log(line)
+
+    def step(self, name: str) -> None:
+        with self._lock:
+            self.done += 1
+            now = time.monotonic()
+            if self.done < self.total and now - self._last < self.every:
+                return
+            self._last = now
+            elapsed = now - self.start
+            eta = elapsed / self.done * (self.total - self.done)
+            tail = f" · ETA {_clock(eta)}" if self.done < self.total else ""
+            self.say(f"{self.done}/{self.total} tasks · {name} done · {_clock(elapsed)} elapsed{tail}")
+
+
+def _flow_log(line: str) -> None:
+    """An INFO log line on the current Prefect flow run (shown in its UI page); nothing outside a flow."""
+    try:
+        from prefect.context import FlowRunContext
+        from prefect.logging import get_run_logger
+    except ImportError:  # pragma: no cover - prefect is a dependency
+        return
+    if FlowRunContext.get() is not None:
+        get_run_logger().info(line)
+
+
 def _run_job(job: Job) -> Any:
-    return job()
+    """Run one job; a failure carries the job's name (``in task <name>``) for the runner's error line."""
+    try:
+        return job()
+    except Exception as exc:
+        exc.add_note(f"in task {job.name!r}")
+        raise
 
 
-def fan_out(jobs: list[Job]) -> list[Any]:
-    """Run every job; results in job order. Inside a flow run each job is a Prefect task run (named after
-    the job) submitted to the flow's task runner; outside one they run in-process, in order."""
+def failed_task(exc: BaseException) -> str | None:
+    """The name of the task an exception came from (see :func:`_run_job`), if any."""
+    for note in getattr(exc, "__notes__", []):
+        if note.startswith("in task "):
+            return note[len("in task "):]
+    return None
+
+
+def fan_out(jobs: list[Job], label: str = "stage") -> list[Any]:
+    """Run every job; results in job order, a progress line per finished job. Inside a flow run each job is
+    a Prefect task run (named after the job) submitted to the flow's task runner; outside one they run
+    in-process, in order."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
     from prefect.context import FlowRunContext
+    from prefect.futures import as_completed
 
+    progress = Progress(label, len(jobs))
     if FlowRunContext.get() is None:
-        return [job() for job in jobs]
+        results = []
+        for job in jobs:
+            results.append(_run_job(job))
+            progress.step(job.name)
+        return results
     futures = [task(_run_job, name=job.fn.__name__.replace("_", "-"), task_run_name=job.name,
                     cache_policy=NO_CACHE).submit(job) for job in jobs]
+    names = {id(f): job.name for f, job in zip(futures, jobs)}
+    try:
+        for future in as_completed(futures):
+            future.result()  # raises the first failure (with its task name) at once
+            progress.step(names[id(future)])
+    except BaseException:  # a failure or an interrupt: tasks not started yet never start
+        for future in futures:
+            wrapped = getattr(future, "wrapped_future", None)
+            if wrapped is not None:
+                wrapped.cancel()
+        raise
     return [f.result() for f in futures]
 
 
@@ -120,48 +219,219 @@ def _jsonable(value: Any) -> Any:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
+def description(stage: Stage) -> str:
+    """The first paragraph of the stage module's docstring (the MLflow run's description)."""
+    doc = sys.modules[stage.jobs.__module__].__doc__ or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
     """Run one stage on validated ``Params`` (or a params dict, validated here): staged outputs, one MLflow
-    run, jobs fanned out, the report step, ``metrics.json``. Returns the headline metrics."""
+    run, jobs fanned out, the report step, ``metrics.json`` (the headline metrics). Returns all metrics."""
     stage = stage_named(stage) if isinstance(stage, str) else stage
-    p = validate_params(params) if isinstance(params, dict) else params
-    if getattr(p, stage.name) is None:
+    p = validate_params(params, stage=stage) if isinstance(params, dict) else params
+    if getattr(p, stage.name, None) is None:
         raise ConfigError(f"params.yaml: {stage.name}: required key is missing")
     read = params_read(p, stage)
-    with tracking.stage_run(stage.name, tracking.flatten(read), tracking.params_hash(read)) as run, \
-            ExitStack() as staged:
+    start = time.monotonic()
+    with tracking.stage_run(stage.name, tracking.flatten(read), tracking.params_hash(read),
+                            description=description(stage)) as run, ExitStack() as staged:
         dirs = {folder: staged.enter_context(io.staged_directory(folder)) for folder in stage.outputs}
-        results = fan_out(stage.jobs(p, dirs))
+        jobs = stage.jobs(p, dirs)
+        progress = Progress(stage.name, len(jobs))
+        progress.say(f"{len(jobs)} tasks on {p.run.task_runner} × "
+                     f"{1 if p.run.task_runner == 'sequential' else p.run.max_workers} (MLflow run {run.run_id})")
+        results = fan_out(jobs, label=stage.name)
+        progress.say("report: tables, figures, metrics")
         reports = dirs[stage.outputs[0]]
         metrics = stage.report(p, results, TrackedReport(run, reports), dirs)
-        io.write_json(metrics, reports / "metrics.json")
+        # metrics.json (``dvc metrics show``) holds the headline numbers, never a wall time; MLflow gets all
+        for pattern in unmatched_patterns(metrics, stage.headline):
+            progress.say(f"warning: headline pattern {pattern!r} matches no metric")
+        io.write_json(headline_metrics(metrics, stage.headline), reports / "metrics.json")
         run.log_metrics(tracking.flat_metrics(metrics))
         run.log_artifact(reports / "metrics.json")
+    progress.say(f"done in {_clock(time.monotonic() - start)} → {', '.join(stage.outputs)}")
     return metrics
 
 
-def main(stage: Stage | str, params_path: str | Path = "params.yaml") -> int:
-    """``python -m stages.<name>``: validate params, run the stage as a Prefect flow, map errors to exit 2."""
+# ------------------------------------------------------------------------------------------- main
+@contextmanager
+def interrupts_raise() -> Iterator[list[str]]:
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread, so every ``finally`` runs: the MLflow
+    run ends KILLED, the staging folders are removed, Prefect marks the flow run crashed and stops its
+    temporary server (no orphan process). Yields the names of the signals received (a failure after one is
+    an interruption, whatever it raised). The previous handlers are restored afterwards.
+
+    Ctrl-C sends SIGINT to the whole process group, the temporary Prefect server included: SIGINT is blocked
+    on entry — every thread and process started inside inherits the block, so the server outlives the
+    interrupt and records the crash — and :func:`accept_interrupts` unblocks it for the main thread once the
+    flow is running."""
+    received: list[str] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        p = load_params(params_path)
+        yield received
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def accept_interrupts() -> None:
+    """Unblock SIGINT in the calling (main) thread; a Ctrl-C pressed meanwhile is delivered now."""
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _quiet_console(verbose: bool) -> None:
+    """Prefect's console handlers at INFO with ``verbose``, else silent (also when prefect was imported and
+    configured before :func:`configure_prefect_environment` ran, e.g. in-process)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in logging.root.manager.loggerDict]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(logging.INFO if verbose else logging.CRITICAL)
+
+
+@contextmanager
+def _log_to_file(stage: str) -> Iterator[Path]:
+    """Every log record of this run (Prefect's INFO logs, full tracebacks) → ``.prefect/logs/<stage>.log``."""
+    path = project.log_dir() / f"{stage}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s - %(message)s"))
+    handler.setLevel(logging.INFO)
+    logging.getLogger().addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield path
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def undo_failed_override(params_path: str | Path, error: ConfigError) -> bool:
+    """After ``dvc exp run -S key=bad`` in the workspace, put ``params.yaml`` back as it was.
+
+    DVC writes the ``-S`` values into the workspace's ``params.yaml`` before it runs the stages and leaves
+    them there when a stage fails. When this run is such an experiment (``DVC_EXP_NAME`` set, running in
+    the user's repository itself) and the file differs from the experiment's baseline commit only at keys
+    the validation error names, the baseline's file (comments included) is restored. Anything else — other
+    uncommitted edits — is left alone. Returns whether the file was restored.
+    """
+    path = Path(params_path)
+    base = os.environ.get("DVC_EXP_BASELINE_REV")
+    if not os.environ.get("DVC_EXP_NAME") or not base or Path.cwd().resolve() != project.project_root():
+        return False
+    try:
+        text = subprocess.run(["git", "show", f"{base}:{path.as_posix()}"], capture_output=True, text=True,
+                              check=True).stdout
+        before, now = yaml.safe_load(text), yaml.safe_load(path.read_text())
+    except (OSError, subprocess.CalledProcessError, yaml.YAMLError):
+        return False
+    named = {m.group(1) for line in str(error).splitlines()
+             if (m := re.match(r"^[^:]+: ([\w.\[\]-]+):", line))}
+    named = {re.sub(r"\[\d+\]", "", key) for key in named}
+    changed = {re.sub(r"\[\d+\]", "", key) for key in _differences(before, now)}
+    if not changed or not all(any(c == k or c.startswith(k + ".") or k.startswith(c + ".") for k in named)
+                              for c in changed):
+        return False
+    io.write_text(text, path)
+    return True
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted key paths at which two parsed YAML documents differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += _differences(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [] if a == b else [prefix]
+
+
+def _error_lines(exc: BaseException, log_file: Path | None) -> list[str]:
+    lines = [f"error: {line}" for line in (str(exc) or type(exc).__name__).splitlines()]
+    if not isinstance(exc, OtfedError):
+        lines[0] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    task_name = failed_task(exc)
+    if task_name:
+        lines.append(f"  in task {task_name}")
+    if log_file is not None:
+        lines.append(f"  full log: {log_file} (or rerun with --verbose)")
+    return lines
+
+
+def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list[str] | None = None) -> int:
+    """``python -m stages.<name> [--verbose]``: validate params, check inputs, run the stage as a Prefect
+    flow; errors → one ``error:`` line (exit 2 for bad params / data, 1 otherwise, 130 / 143 interrupted)."""
+    argv = sys.argv[1:] if argv is None else argv
+    verbose = "--verbose" in argv or os.environ.get("OTFED_VERBOSE", "") not in {"", "0"}
+    try:
         the_stage = stage_named(stage) if isinstance(stage, str) else stage
+        p = load_params(params_path, stage=the_stage)
+        preflight = getattr(the_stage, "preflight", None)
+        if preflight is not None and getattr(p, the_stage.name, None) is not None:
+            preflight(p)
     except OtfedError as exc:
-        print(str(exc), file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        if isinstance(exc, ConfigError) and undo_failed_override(params_path, exc):
+            print(f"{params_path}: restored as it was before this experiment's -S values", file=sys.stderr)
         return 2
-    configure_prefect_environment()
-    from prefect import flow
+    with interrupts_raise() as received:  # before prefect starts any thread or server
+        return _run_flow(the_stage, p, verbose, received)
+
+
+def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str]) -> int:
+    configure_prefect_environment(verbose)
+    import prefect  # noqa: F401 — configures logging: the console level and the log file go on afterwards
+
+    _quiet_console(verbose)
+    with _log_to_file(the_stage.name) as log_file:
+        return _flow_with_log(the_stage, p, received, log_file)
+
+
+def _flow_with_log(the_stage: Stage, p: Any, received: list[str], log_file: Path) -> int:
+    from prefect import flow, tags
 
     def stage_flow(params: dict[str, Any]) -> dict[str, Any]:
+        accept_interrupts()  # the temporary server is up (and immune to the group's SIGINT)
         return run_stage(the_stage, p)  # ``params`` is what the Prefect UI shows; p is already validated
 
+    # tasks still running when a stage fails or is interrupted finish before the interpreter exits (threads
+    # cannot be stopped) and may write into a staging folder already removed: remove it at the very end
+    atexit.register(lambda: [io.remove_staging(folder) for folder in the_stage.outputs])
     runner = task_runner(p.run.task_runner, p.run.max_workers)
+    pipeline_run = os.environ.get("OTFED_PIPELINE_RUN")
+    run_tags = ["otfed", f"stage:{the_stage.name}"] + ([f"pipeline:{pipeline_run}"] if pipeline_run else [])
     try:
-        flow(name=the_stage.name, validate_parameters=False, task_runner=runner)(stage_flow)(params_read(p, the_stage))
-    except OtfedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        with tags(*run_tags):
+            flow(name=the_stage.name, validate_parameters=False, task_runner=runner,
+                 description=description(the_stage))(stage_flow)(params_read(p, the_stage))
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        if received or not isinstance(exc, Exception):  # Ctrl-C / SIGTERM, or Prefect's TerminationSignal
+            name = received[0] if received else str(exc) or (
+                "SIGTERM" if getattr(exc, "signal", None) == signal.SIGTERM else "SIGINT")
+            log.warning("interrupted (%s)", name, exc_info=exc)
+            print(f"error: {the_stage.name} interrupted ({name}); previous outputs kept", file=sys.stderr)
+            return 143 if name == "SIGTERM" else 130
+        log.error("stage %s failed", the_stage.name, exc_info=exc)
+        for line in _error_lines(exc, log_file):
+            print(line, file=sys.stderr)
+        return 2 if isinstance(exc, OtfedError) else 1
     return 0
 
 
 if __name__ == "__main__":  # python -m flows.stage <name>
-    raise SystemExit(main(sys.argv[1]) if len(sys.argv) == 2 else 2)
+    raise SystemExit(main(sys.argv[1], argv=sys.argv[2:]) if len(sys.argv) >= 2 else 2)

@@ -1,10 +1,15 @@
 """MLflow tracking: the one module that knows the tracking URI, the tags and how tables/figures are logged.
 
-* Default store: ``sqlite:///<repo>/mlruns.db`` (MLflow ≥ 3.13 refuses the plain file store); the
-  ``MLFLOW_TRACKING_URI`` environment variable overrides it (use ``http://…`` when several processes or
-  hosts log at once — parallel writers on one SQLite file race).
-* One run per stage execution, tagged ``stage``, ``git_commit`` and ``params_hash``; variants are nested
-  child runs with identical metric names so the MLflow compare view lines them up.
+* Default store: ``sqlite:///<project>/mlruns.db`` (MLflow ≥ 3.13 refuses the plain file store), where
+  ``<project>`` is the repository the user runs in (:func:`flows.project.project_root`: queued DVC
+  experiments log into the user's store, not their temporary copy's); the ``MLFLOW_TRACKING_URI``
+  environment variable overrides it (use ``http://…`` when several hosts log at once).
+* A fresh SQLite store is created and migrated under a file lock (:func:`flows.project.exclusive`), once:
+  two stages starting together on a new store cannot leave it half-migrated.
+* One run per stage execution, tagged ``stage``, ``git_commit`` (``-dirty`` only when code differs from
+  the commit; DVC's own rewrites of outputs and ``dvc.lock`` do not count), ``params_hash`` and, under
+  ``dvc exp run``, ``dvc_experiment``; its description is the stage's. Variants are nested child runs with
+  identical metric names so the MLflow compare view lines them up. The experiment opens on the runs view.
 * Every call goes through :class:`mlflow.MlflowClient` with explicit run ids: the fluent "active run" is
   thread-local, and stage work fans out over Prefect worker threads.
 """
@@ -16,57 +21,79 @@ import math
 import os
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import pandas as pd
 
+from flows import project
 from otfed import io
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "otfed"
+# the files whose changes make a run's code differ from its commit (not DVC outputs, not dvc.lock)
+CODE = ("otfed", "stages", "flows", "dvc.yaml", "pyproject.toml", "requirements.lock")
+# MLflow 3's UI opens an experiment of this kind on its runs view (not the empty GenAI overview)
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the repository's SQLite store."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlruns.db'}"
+    """``MLFLOW_TRACKING_URI`` if set, else the project's SQLite store ``<project>/mlruns.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project.project_root() / 'mlruns.db'}"
 
 
-def git_commit() -> str:
-    """The current git commit (``unknown`` outside a repository); ``-dirty`` if the tree has changes."""
+def git_commit(cwd: str | Path | None = None) -> str:
+    """The commit of the code being run (``unknown`` outside a repository), ``-dirty`` when the code differs
+    from it (:data:`CODE`; outputs and ``dvc.lock``, which DVC rewrites during a run, do not count). Under
+    ``dvc exp run`` the commit is the experiment's baseline (``DVC_EXP_BASELINE_REV``)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = os.environ.get("DVC_EXP_BASELINE_REV") or git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def _client() -> Any:
+    """An MLflow client on :func:`tracking_uri`; a SQLite store is created / migrated under a file lock."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
 
-    return mlflow.MlflowClient(tracking_uri=tracking_uri())
+    uri = tracking_uri()
+    db = _sqlite_path(uri)
+    if db is None:
+        return mlflow.MlflowClient(tracking_uri=uri)
+    with project.exclusive(db.with_name(db.name + ".lock")):
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # opens the store: creates and migrates its schema
+    return client
 
 
 def _experiment_id(client: Any, name: str) -> str:
+    """The experiment ``name``, created once (under the store's lock) and set to open on the runs view."""
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    artifact_location = None
-    if tracking_uri().startswith("sqlite:"):
-        artifact_location = (REPO_ROOT / "mlartifacts").as_uri()
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except Exception:  # created concurrently by another process
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        uri = tracking_uri()
+        db = _sqlite_path(uri)
+        artifact_location = (db.parent / "mlartifacts").as_uri() if db is not None else None
+        lock = project.exclusive(db.with_name(db.name + ".lock")) if db is not None else nullcontext()
+        with lock:
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+                exp = client.get_experiment_by_name(name)
+    if any(exp.tags.get(k) != v for k, v in EXPERIMENT_KIND.items()):
+        for k, v in EXPERIMENT_KIND.items():
+            client.set_experiment_tag(exp.experiment_id, k, v)
+    return exp.experiment_id
 
 
 @dataclass
@@ -120,9 +147,9 @@ class TrackedRun:
     def log_artifact(self, path: str | Path) -> None:
         """Log a file under its final path relative to the repository (e.g. ``reports/fed_distance``)."""
         final = io.final_location(Path(path).resolve())
-        try:
-            artifact_dir = str(final.relative_to(REPO_ROOT).parent)
-        except ValueError:  # outside the repository (tests): keep the folder name
+        try:  # stages run from the repository root (DVC's working directory)
+            artifact_dir = str(final.relative_to(Path.cwd().resolve()).parent)
+        except ValueError:  # outside the working directory: keep the folder name
             artifact_dir = final.parent.name
         self.client.log_artifact(self.run_id, str(path), artifact_path=artifact_dir)
 
@@ -138,6 +165,11 @@ class TrackedRun:
         try:
             yield child
             status = "FINISHED"
+        except Exception:
+            raise
+        except BaseException:  # Ctrl-C, SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
+            status = "KILLED"
+            raise
         finally:
             self.client.set_terminated(child.run_id, status)
 
@@ -159,21 +191,32 @@ def _metric_key(key: str) -> str:
 
 
 @contextmanager
-def stage_run(stage: str, params: Any, params_hash: str, experiment: str = EXPERIMENT) -> Iterator[TrackedRun]:
+def stage_run(stage: str, params: Any, params_hash: str, experiment: str = EXPERIMENT,
+              description: str = "", tags: Mapping[str, str] | None = None) -> Iterator[TrackedRun]:
     """Open the MLflow run of one stage execution, tagged stage / git_commit / params_hash, params logged.
 
-    ``params`` is the flattened dict of the params groups the stage reads.
+    ``params`` is the flattened dict of the params groups the stage reads; ``description`` shows on the run's
+    page. The run ends FINISHED, FAILED on an error, KILLED on Ctrl-C / SIGTERM (KeyboardInterrupt).
     """
     client = _client()
     exp_id = _experiment_id(client, experiment)
-    tags = {"stage": stage, "git_commit": git_commit(), "params_hash": params_hash}
-    run = client.create_run(exp_id, tags=tags, run_name=stage)
+    all_tags = {"stage": stage, "git_commit": git_commit(), "params_hash": params_hash, **(tags or {})}
+    if os.environ.get("DVC_EXP_NAME"):
+        all_tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
+    if description:
+        all_tags["mlflow.note.content"] = description
+    run = client.create_run(exp_id, tags=all_tags, run_name=stage)
     tracked = TrackedRun(client, run.info.run_id, exp_id)
     status = "FAILED"
     try:
         tracked.log_params(params)
         yield tracked
         status = "FINISHED"
+    except Exception:
+        raise
+    except BaseException:  # Ctrl-C, SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
+        status = "KILLED"
+        raise
     finally:
         client.set_terminated(tracked.run_id, status)
 

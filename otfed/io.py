@@ -132,6 +132,19 @@ def staged_directory(final: str | Path) -> Iterator[Path]:
         shutil.rmtree(old)
 
 
+def remove_staging(final: str | Path) -> bool:
+    """Remove the staging folder of ``final`` if one is left (a run killed or still writing when it failed);
+    ``final`` itself is never touched. Returns whether one was removed."""
+    import shutil
+
+    final = Path(final)
+    staging = final.parent / f".{final.name}{STAGING_SUFFIX}"
+    if not staging.exists():
+        return False
+    shutil.rmtree(staging, ignore_errors=True)
+    return True
+
+
 def final_location(path: str | Path) -> Path:
     """Where a file written inside a :func:`staged_directory` will live once the directory is swapped in."""
     parts = [p[1:-len(STAGING_SUFFIX)] if p.startswith(".") and p.endswith(STAGING_SUFFIX) else p

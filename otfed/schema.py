@@ -4,6 +4,11 @@ The library's config types (``FedWaDConfig``, ``FedBaryConfig``, ``FedAvgConfig`
 ``TrainingConfig``, ``TextTaskSpec``, the federation specs …) are the types ``params.yaml`` validates into —
 one type per concept, one set of defaults. Unknown keys are errors (a typo fails loudly), and building one
 directly with a bad value raises :class:`~otfed.errors.ConfigError` naming the field and what is allowed.
+
+Types are strict (pydantic strict mode): ``true`` or ``"3"`` where an int is expected, ``true`` or ``"0.5"``
+where a number is expected, ``1`` where a bool is expected are errors, not coerced. An int is still a valid
+float, mappings still validate into nested configs, and a field typed as a tuple that YAML writes as a list
+says ``Field(strict=False)``.
 """
 from __future__ import annotations
 
@@ -60,10 +65,11 @@ class _RaisesConfigError(ModelMetaclass):
 
 
 class Strict(BaseModel, metaclass=_RaisesConfigError):
-    """Base for every config type: unknown keys are errors, values are validated on assignment.
+    """Base for every config type: unknown keys are errors, no type coercion (strict mode), values are
+    validated on assignment.
 
     Direct construction with bad values raises ConfigError (one line per problem); validation of a whole
     params file goes through ``model_validate`` and is formatted by the stage layer.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)

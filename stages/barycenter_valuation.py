@@ -173,7 +173,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     c, o, d, u = bv.contributions, bv.contributions.outlier, bv.detection, bv.duplication
 
     def load(name: str) -> FederationData:
-        return load_federation(name, layout.PARTITIONS)
+        return load_federation(name, layout.PARTITIONS, require_finite=True)
 
     out = []
     for name in c.federations:
@@ -536,7 +536,12 @@ def _duplication_report(p: Params, result: Duplication, out: Report) -> dict[str
     return summary
 
 
-STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, report, check)
+STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, report, check,
+              headline=("contributions.mean_spearman.fedbary_*",  # fig. 4: rank agreement with exact Shapley
+                        "outlier.barycenter_noisy_distance", "outlier.barycenter_clean_distance_max",  # fig. 4
+                        "detection.*.fedbary.f1",  # fig. 5: label / feature noise at each rate
+                        "duplication.dataset_original_max_abs_rel_change_fedbary_validation",  # table 3
+                        "duplication.datum_most_harmful_rel_change_fedbary_validation"))
 
 if __name__ == "__main__":  # DVC: python -m stages.barycenter_valuation
     from flows.stage import main

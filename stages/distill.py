@@ -100,7 +100,7 @@ def variants(d: DistillParams) -> list[tuple[str, str, str, bool]]:
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """Per task: the global model's reference scores, then one student per variant. The server's inputs
-    are the messages (``data/text_messages``, and ``reports/bias`` when a student needs B_k), its own
+    are the messages (``data/text_messages``, and ``data/text_bias`` when a student needs B_k), its own
     global model and the transfer texts; the test sets for scoring only."""
     d = p.distill
     device = stage_device(p.run.device)  # one torch thread per task on CPU
@@ -109,7 +109,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
         messages = load_messages(Path(layout.TEXT_MESSAGES) / f"{task}.npz")
         if d.needs_bias:
-            messages += load_messages(Path(layout.BIAS_REPORTS) / f"messages_{task}.npz")
+            messages += load_messages(Path(layout.TEXT_BIAS) / f"{task}.npz")
         ensemble = server_ensemble(messages, [q.name for q in fed.locals],
                                    fed.global_party.name if d.learning_without_forgetting else None)
         semantic = LabelSpace.for_task(task)
@@ -215,7 +215,9 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     return metrics
 
 
-STAGE = Stage("distill", DistillParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",))
+STAGE = Stage("distill", DistillParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",),
+              needs=("estimate_bias",),
+              headline=("*.Sinkhorn-E.*", "*.Entropy-E.*", "*.global (no distillation).*"))  # tables 2-4, ALL
 
 if __name__ == "__main__":  # DVC: python -m stages.distill
     from flows.stage import main

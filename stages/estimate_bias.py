@@ -3,7 +3,8 @@
 Each client feeds its own teacher random texts drawn from its own tokenizer vocabulary and sends the server
 the argmax frequencies B_k as a histogram message — the reference point of the L2-confidence weight E. The
 frozen global model's bias is estimated too (it is one more teacher under learning without forgetting).
-Writes ``reports/bias/``: the table, the figure and ``messages_<task>.npz``. One job per (task, teacher).
+Writes ``reports/bias/`` (the table, the figure) and the bias messages ``data/text_bias/<task>.npz``. One
+job per (task, teacher).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from stages.params import Params
 
 # the folders this stage writes (declared in stages/layout.py); the first holds its reports and metrics.json
-OUTPUTS = (layout.BIAS_REPORTS,)
+OUTPUTS = (layout.BIAS_REPORTS, layout.TEXT_BIAS)
 
 
 # ------------------------------------------------------------------------------------------ params
@@ -85,13 +86,13 @@ def party_bias(task: str, party: str, model_dir: str, n_texts: int, text_length:
 # ------------------------------------------------------------------------------------------ report
 def report(p: Params, results: list[tuple[dict[str, Any], Message]], out: Report,
            dirs: Mapping[str, Path]) -> dict[str, Any]:
-    """The bias messages (``messages_<task>.npz``), ``bias.csv`` and the figure; headline: each teacher's
-    largest label share."""
+    """The bias messages (``data/text_bias/<task>.npz``), ``bias.csv`` and the figure; headline: each
+    teacher's largest label share."""
     rows: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
     for task in p.train_teachers.tasks:
         mine = [(row, message) for row, message in results if row["task"] == task]
-        save_messages(out.out / f"messages_{task}.npz", [m for _, m in mine])
+        save_messages(dirs[layout.TEXT_BIAS] / f"{task}.npz", [m for _, m in mine])
         rows.extend(r for r, _ in mine)
         metrics[task] = {r["party"]: round(r["max_share"], 4) for r, _ in mine}
     table = pd.DataFrame(rows)
@@ -100,7 +101,8 @@ def report(p: Params, results: list[tuple[dict[str, Any], Message]], out: Report
     return metrics
 
 
-STAGE = Stage("estimate_bias", EstimateBiasParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",))
+STAGE = Stage("estimate_bias", EstimateBiasParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",),
+              headline=("*.*",))  # every teacher's largest label share in B_k
 
 if __name__ == "__main__":  # DVC: python -m stages.estimate_bias
     from flows.stage import main

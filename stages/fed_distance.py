@@ -360,7 +360,11 @@ def clustering_metrics(cfg: ClusteringParams, rosters: list[tuple[str, Roster, l
     return summary
 
 
-STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check)
+STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check,
+              headline=("toy.fedwad_approx_S100_*_rel_error",  # fig. 2: error at the largest S, n = max_n
+                        "toy.convergence_gap_d50_approx_S300_*",  # fig. 3: fixed t = 0.5 stalls, random t not
+                        "otdd.mean_rel_error", "otdd.order_preserved",  # fig. 6
+                        "clustering.*.affinity"))  # tables 1-5: ARI per structure
 
 if __name__ == "__main__":  # DVC: python -m stages.fed_distance
     from flows.stage import main

@@ -9,6 +9,7 @@ PARTITIONS = "data/partitions"                # partition: <federation>.npz + ma
 TEXT_PARTITIONS = "data/text_partitions"      # partition: <task>/{parties,transfer}.csv.gz + manifest.json
 TEXT_MODELS = "models/text"                   # train_teachers: <task>/<party>/ model + tokenizer
 TEXT_MESSAGES = "data/text_messages"          # train_teachers: <task>.npz, what left the KNOT clients
+TEXT_BIAS = "data/text_bias"                  # estimate_bias: <task>.npz, the bias messages B_k
 
 
 def reports(stage_folder: str) -> str:
@@ -21,5 +22,5 @@ FED_DISTANCE_REPORTS = reports("fed_distance")
 VALUATION_REPORTS = reports("valuation")
 REMOVAL_REPORTS = reports("removal")
 TEACHER_REPORTS = reports("teachers")
-BIAS_REPORTS = reports("bias")                # also messages_<task>.npz: the bias messages
+BIAS_REPORTS = reports("bias")
 DISTILL_REPORTS = reports("distill")

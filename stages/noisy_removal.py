@@ -64,7 +64,8 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     nr, seed = p.noisy_removal, p.run.seed
     out = []
     for name in nr.federations:
-        fed = project_federation(load_federation(name, layout.PARTITIONS), nr.pca_components, seed)
+        fed = project_federation(load_federation(name, layout.PARTITIONS, require_finite=True), nr.pca_components,
+                                 seed)
         validation, test = server_split(fed, nr.validation_samples)
         out.append(Job(f"noisy-removal {name}", removal_experiment, dict(
             name=name, clients=client_sets(fed), noisy=[fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)],
@@ -142,7 +143,9 @@ def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]]]]
     return metrics
 
 
-STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check)
+STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check,
+              headline=("*.accuracy_before", "*.accuracy_after", "*.accuracy_oracle_removal",  # table 4
+                        "*.noisy", "*.removed", "*.removed_noisy"))
 
 if __name__ == "__main__":  # DVC: python -m stages.noisy_removal
     from flows.stage import main

@@ -4,6 +4,10 @@
 group and one field per stage, typed with the stage module's own params type. pydantic's errors become
 one line per problem naming the key path and what is allowed (:class:`~otfed.errors.ConfigError`); the
 runner prints them and exits with status 2 without writing anything.
+
+``load_params(path, stage=name)`` validates only what that stage needs (:func:`groups_of`: ``run``,
+``partition``, its own group and the groups it reads or checks): the text track runs with no valid — or no
+— feature-track groups, and the other way round. Without a stage, the whole file is validated.
 """
 from __future__ import annotations
 
@@ -64,11 +68,28 @@ def stage(name: str) -> Stage:
     return known[name]
 
 
+def groups_of(s: Stage | str) -> tuple[str, ...]:
+    """The params groups stage ``s`` validates: ``run``, the required groups (``partition``), its own group,
+    the groups of its ``reads`` and ``needs``, and theirs in turn (their checks run too)."""
+    known = stages()
+    todo = [t.name for t in known.values() if t.required] + [stage(s).name if isinstance(s, str) else s.name]
+    groups = ["run"]
+    while todo:
+        name = todo.pop(0)
+        if name in groups:
+            continue
+        groups.append(name)
+        if name in known:
+            todo += [key.split(".")[0] for key in known[name].reads] + list(known[name].needs)
+    return tuple(groups)
+
+
 def named_federation(p: Any, path: str, name: str) -> Any:
     """The spec of federation ``name`` that the key ``path`` names; ValueError listing the defined ones."""
     known = p.partition.federations
     if name not in known:
-        raise ValueError(f"{path}: unknown federation {name!r}; defined: {sorted(known)}")
+        defined = sorted(known) if known else "none (partition.federations is empty: no feature track)"
+        raise ValueError(f"{path}: unknown federation {name!r}; defined: {defined}")
     return known[name]
 
 
@@ -92,17 +113,21 @@ class _ParamsBase(Strict):
     @model_validator(mode="after")
     def _references(self) -> "_ParamsBase":
         for s in stages().values():
-            if s.check is not None and getattr(self, s.name) is not None:
+            if s.check is not None and getattr(self, s.name, None) is not None:
                 s.check(self)
         return self
 
 
 @cache
-def params_model() -> type[BaseModel]:
-    """The whole params.yaml: ``run`` plus one optional group per stage (required ones must be present)."""
+def params_model(only: frozenset[str] | None = None, require: frozenset[str] = frozenset()) -> type[BaseModel]:
+    """The whole params.yaml: ``run`` plus one optional group per stage (required ones, and those in
+    ``require``, must be present); with ``only``, just those groups (one stage's view, :func:`groups_of`)."""
     fields: dict[str, Any] = {"run": (RunParams, RunParams())}
     for s in stages().values():
-        fields[s.name] = (s.params, ...) if s.required else (typing.Optional[s.params], None)
+        if only is not None and s.name not in only:
+            continue
+        needed = s.required or s.name in require
+        fields[s.name] = (s.params, ...) if needed else (typing.Optional[s.params], None)
     return create_model("Params", __base__=_ParamsBase, **fields)
 
 
@@ -190,12 +215,22 @@ def _allowed_at(loc: tuple[Any, ...]) -> list[str]:
     return sorted(models[0].model_fields) if models else []
 
 
-def validate_params(data: Any, source: str = "params.yaml") -> Any:
-    """Validate a parsed params mapping; raise ConfigError with one line per problem (key path + allowed)."""
+def validate_params(data: Any, source: str = "params.yaml", stage: Stage | str | None = None) -> Any:
+    """Validate a parsed params mapping; raise ConfigError with one line per problem (key path + allowed).
+
+    With ``stage``, only the groups of :func:`groups_of` are validated and the stage's own must be present;
+    the other stages' groups are not read and not in the result. Unknown top-level keys are errors either way.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping of stage groups, got {type(data).__name__}")
+    model = params_model()
+    if stage is not None:
+        groups = groups_of(stage)
+        data = {k: v for k, v in data.items() if k in groups or k not in model.model_fields}
+        own = stage if isinstance(stage, str) else stage.name
+        model = params_model(frozenset(groups), frozenset({own}))
     try:
-        return params_model().model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
@@ -207,8 +242,9 @@ def validate_params(data: Any, source: str = "params.yaml") -> Any:
         raise ConfigError("\n".join(dict.fromkeys(lines))) from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Any:
-    """Read and validate params.yaml (one group per stage; see the comments in the file)."""
+def load_params(path: str | Path = "params.yaml", stage: Stage | str | None = None) -> Any:
+    """Read and validate params.yaml (one group per stage; see the comments in the file) — only the groups
+    ``stage`` needs when one is given (:func:`validate_params`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found (run from the repository root)")
@@ -216,4 +252,4 @@ def load_params(path: str | Path = "params.yaml") -> Any:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from None
-    return validate_params(data, source=str(path))
+    return validate_params(data, source=str(path), stage=stage)

@@ -4,6 +4,7 @@ Feature track: each named federation of ``partition.federations`` (one client pe
 class pairs, FedBary cases 1–5 with ground truth) → ``data/partitions/<name>.npz`` + ``manifest.json``.
 Text track (KNOT, SPEC §1): each task of ``partition.text.tasks`` → ``data/text_partitions/<task>/`` (local
 clients, the server's global dataset, the unlabelled transfer set). One job per federation and per task.
+Either track may be left out (no ``federations`` or no ``text``), not both.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from otfed import io
 from otfed.data.federations import FederationSpec, build_federation
+from otfed.data.images import IMAGE_DATASETS, SPLITS, load_images
 from otfed.data.store import save_federation
 from otfed.data.text import TextTask, TextTaskSpec, build_text_federation, federation_summary, save_text_federation
+from otfed.data.text.raw import RAW_FILES, SOURCES, read_columns
 from otfed.figures.partition import class_histograms
 from otfed.schema import Strict
 from stages import layout
@@ -57,8 +60,15 @@ class PartitionParams(Strict):
     """Stage ``partition``: named federations of the embedded image data, and the KNOT text tasks."""
 
     data_dir: str = "data/raw"
-    federations: dict[str, FederationSpec] = Field(min_length=1)
+    federations: dict[str, FederationSpec] = Field({}, description="Feature track: name → spec; none = text "
+                                                   "track only.")
     text: TextPartitionParams | None = Field(None, description="KNOT text track; None = feature track only.")
+
+    @model_validator(mode="after")
+    def _a_track(self) -> "PartitionParams":
+        if not self.federations and self.text is None:
+            raise ValueError("needs federations (feature track), text (text track) or both")
+        return self
 
     @field_validator("federations")
     @classmethod
@@ -67,6 +77,28 @@ class PartitionParams(Strict):
             if not name.replace("_", "").isalnum():
                 raise ValueError(f"federation name {name!r} must be letters, digits and underscores")
         return v
+
+
+def raw_files(part: PartitionParams) -> list[Path]:
+    """The embedded files of ``data_dir`` this stage reads for the federations and text tasks configured."""
+    names = [IMAGE_DATASETS[d] for spec in part.federations.values()
+             for d in (spec.datasets if spec.scheme == "by_dataset" else [spec.dataset])]
+    if part.text is not None:
+        names += [RAW_FILES[s.dataset] for spec in part.text.tasks.values() for s in SOURCES[(spec.task, spec.dataset)]]
+    return [Path(part.data_dir) / name for name in dict.fromkeys(names)]
+
+
+def preflight(p: Params) -> None:
+    """Every raw file the configured federations and tasks read opens and has the expected keys / columns —
+    checked before any server starts (DataFileError naming the file otherwise)."""
+    part = p.partition
+    for name in dict.fromkeys(d for spec in part.federations.values()
+                              for d in (spec.datasets if spec.scheme == "by_dataset" else [spec.dataset])):
+        for split in SPLITS:
+            load_images(name, split, part.data_dir)
+    for path in raw_files(part):
+        if path.name.endswith(".csv.gz"):
+            read_columns(path, [])  # the header parses and the whole gzip stream decompresses
 
 
 # -------------------------------------------------------------------------------------------- jobs
@@ -99,7 +131,8 @@ def text_task_job(spec: TextTaskSpec, data_dir: str, seed: int, out_dir: str) ->
 
 # ------------------------------------------------------------------------------------------ report
 def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
-    """``manifest.json``, the per-client table, the class-histogram figure, the text parties table."""
+    """``manifest.json``, the per-client table, the class-histogram figure, the text parties table (each
+    track's only when it is configured; ``manifest.json`` always, empty without federations)."""
     n_federations = len(p.partition.federations)
     manifest = {}
     for entry in results[:n_federations]:
@@ -109,11 +142,12 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     rows = [dict(federation=f, client=c["name"], group=c["group"], n_train=c["n_train"], n_val=c["n_val"],
                  n_corrupted=c["n_corrupted"], classes=int(np.count_nonzero(c["class_counts"])))
             for f, e in manifest.items() for c in e["clients"]]
-    table = pd.DataFrame(rows)
-    out.table(table, "clients.csv")
-    out.figure(class_histograms(manifest), "class_histograms.png")
-    summary = {"federations": len(manifest), "clients": len(rows), "rows": int(table.n_train.sum() + table.n_val.sum()),
-               "corrupted": int(table.n_corrupted.sum())}
+    summary = {"federations": len(manifest), "clients": len(rows), "rows": 0, "corrupted": 0}
+    if rows:
+        table = pd.DataFrame(rows)
+        out.table(table, "clients.csv")
+        out.figure(class_histograms(manifest), "class_histograms.png")
+        summary.update(rows=int(table.n_train.sum() + table.n_val.sum()), corrupted=int(table.n_corrupted.sum()))
     text_results = results[n_federations:]
     if text_results:
         text_table = pd.concat(text_results, ignore_index=True)
@@ -125,7 +159,8 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     return summary
 
 
-STAGE = Stage("partition", PartitionParams, OUTPUTS, jobs, report, required=True)
+STAGE = Stage("partition", PartitionParams, OUTPUTS, jobs, report, required=True, preflight=preflight,
+              headline=("federations", "clients", "rows", "corrupted", "text_tasks", "text_rows"))
 
 if __name__ == "__main__":  # DVC: python -m stages.partition
     from flows.stage import main

@@ -21,11 +21,13 @@ jobs out with the configured task runner, opens the MLflow run and hands :func:`
 """
 from __future__ import annotations
 
+import re
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import pandas as pd
 
@@ -89,8 +91,14 @@ class Stage:
     ``name`` is the DVC stage name and the ``params.yaml`` group. ``outputs[0]`` is the reports folder
     (``metrics.json`` goes there). ``reads`` are the other params keys its results depend on (its
     ``dvc.yaml`` params deps besides ``run`` and its own group; ``check`` may look at more, e.g. that a
-    federation it names exists — its data arrive through the files it depends on).
-    ``required`` groups must be present in every params file.
+    federation it names exists — its data arrive through the files it depends on). ``needs`` are the other
+    params groups its ``check`` looks at (e.g. ``distill`` needs ``estimate_bias`` for weighting E).
+    ``required`` groups must be present in every params file. A stage validates only ``run``, the required
+    groups, its own group and the groups of its ``reads`` and ``needs`` (:func:`stages.params.groups_of`):
+    one track runs without the other track's groups. ``headline`` are the dotted key patterns of the
+    few metrics ``dvc metrics show`` shows (:func:`headline_metrics`); the full dict goes to MLflow.
+    ``preflight(p)`` checks the stage's input files cheaply (exist, readable, the right shape) before the
+    runner starts any server, raising :class:`~otfed.errors.OtfedError` naming the file.
     """
 
     name: str
@@ -101,3 +109,70 @@ class Stage:
     check: CheckFn | None = None
     reads: tuple[str, ...] = ()
     required: bool = False
+    needs: tuple[str, ...] = ()
+    headline: tuple[str, ...] = ()
+    preflight: CheckFn | None = None
+
+
+# ------------------------------------------------------------------------------------ headline metrics
+# words that make a metric key a wall time (never a headline: times differ on every run, so a DVC-tracked
+# metrics.json holding one would show a diff after every rerun); a key's words are split on non-alphanumerics
+WALL_TIME_WORDS = frozenset({"seconds", "second", "secs", "sec", "ms", "milliseconds", "minutes", "time", "times",
+                             "timing", "elapsed", "duration", "runtime", "walltime"})
+
+
+def is_wall_time(path: Iterable[str]) -> bool:
+    """Whether a metric at ``path`` (its keys from the root) is a wall time: one of its keys contains a word
+    of :data:`WALL_TIME_WORDS` (``seconds``, ``fedbary_seconds``, ``seconds_exact_ot_total``, ``wall_time``;
+    not ``rel_error`` or ``convergence_gap_d2_approx_S300_t0.5``)."""
+    return any(word in WALL_TIME_WORDS for key in path for word in re.split(r"[^0-9a-z]+", str(key).lower()))
+
+
+def key_matches(path: tuple[str, ...], pattern: str) -> bool:
+    """Whether the metric at ``path`` (keys from the root) is selected by a dotted ``pattern``.
+
+    The pattern's dot-separated segments are matched against the keys in order with :func:`fnmatch.fnmatchcase`
+    (``*`` and ``?`` within a key: ``detection.*.fedbary.f1``); a key that itself contains dots
+    (``convergence_gap_d2_approx_S300_t0.5``) matches several segments joined by dots, or one ``*``. A pattern
+    that ends at an inner key selects everything under it (``clustering`` = every ``clustering.*.*``).
+    """
+    segments = tuple(pattern.split("."))
+
+    def match(i: int, j: int) -> bool:
+        if j == len(segments):  # pattern used up: this key, or everything under it
+            return True
+        if i == len(path):
+            return False
+        return any(fnmatchcase(path[i], ".".join(segments[j:j + r])) and match(i + 1, j + r)
+                   for r in range(1, len(segments) - j + 1))
+
+    return match(0, 0)
+
+
+def headline_metrics(metrics: Mapping[str, Any], patterns: Iterable[str] = ()) -> dict[str, Any]:
+    """The headline subset of a stage's nested metrics dict (what ``metrics.json`` — ``dvc metrics show`` —
+    holds; the full dict goes to MLflow): every leaf whose key path matches one of the dotted ``patterns``
+    (:func:`key_matches`), or every leaf when there are none; wall times (:func:`is_wall_time`) are never
+    selected. Same nesting and key order as ``metrics``; inner dicts left empty are dropped. Pure."""
+    patterns = tuple(patterns)
+
+    def select(node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            here = path + (str(key),)
+            if is_wall_time(here):
+                continue
+            if isinstance(value, Mapping):
+                sub = select(value, here)
+                if sub:
+                    out[key] = sub
+            elif not patterns or any(key_matches(here, p) for p in patterns):
+                out[key] = value
+        return out
+
+    return select(metrics, ())
+
+
+def unmatched_patterns(metrics: Mapping[str, Any], patterns: Iterable[str]) -> list[str]:
+    """The ``patterns`` that select no (non-wall-time) metric of ``metrics`` — a renamed metric key, a typo."""
+    return [p for p in patterns if not headline_metrics(metrics, (p,))]

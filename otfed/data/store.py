@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from otfed import io
+from otfed.data.features import check_finite
 from otfed.errors import DataFileError
 
 TRAIN, VAL = 0, 1
@@ -74,8 +75,14 @@ def save_federation(data: FederationData, out_dir: str | Path) -> Path:
     return io.write_npz(Path(out_dir) / f"{data.name}.npz", **arrays)
 
 
-def load_federation(name: str, out_dir: str | Path = "data/partitions") -> FederationData:
-    """Read a federation written by stage ``partition``; errors name the file and the missing key."""
+def load_federation(name: str, out_dir: str | Path = "data/partitions",
+                    require_finite: bool = False) -> FederationData:
+    """Read a federation written by stage ``partition``; errors name the file and the missing key.
+
+    ``require_finite``: NaN / inf features of any client or of the server's test split raise
+    :class:`~otfed.errors.DegenerateClientError` naming the file and the client (:func:`finite_federation`)
+    — for stages that cannot leave a client out (FedBary values every client); stages that can report the
+    client and go on without it instead (federated OTDD)."""
     path = Path(out_dir) / f"{name}.npz"
     if not path.is_file():
         raise DataFileError(f"{path}: federation {name!r} not found — run `dvc repro partition` "
@@ -91,4 +98,14 @@ def load_federation(name: str, out_dir: str | Path = "data/partitions") -> Feder
     except Exception as exc:  # zipfile.BadZipFile, ValueError, OSError …
         raise DataFileError(f"{path}: cannot read federation file ({type(exc).__name__}: {exc})") from None
     arrays["client_names"] = tuple(str(s) for s in arrays["client_names"])
-    return FederationData(name=name, **arrays)
+    fed = FederationData(name=name, **arrays)
+    return finite_federation(fed, path) if require_finite else fed
+
+
+def finite_federation(fed: FederationData, source: str | Path) -> FederationData:
+    """``fed`` unchanged if every feature is finite; else DegenerateClientError naming ``source`` (its file),
+    the first client (or the server's test split) with NaN / inf features and how many rows hold them."""
+    for k, client in enumerate(fed.client_names):
+        check_finite(fed.x[fed.client == k], f"{source}: client {client!r} features")
+    check_finite(fed.x_test, f"{source}: server test split (x_test) features")
+    return fed

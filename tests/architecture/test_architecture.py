@@ -152,6 +152,11 @@ def test_dvc_outs_and_params_are_the_stage_declaration(name: str) -> None:
     outs = {next(iter(o)) if isinstance(o, dict) else o for o in dvc["outs"]}
     assert outs == set(declared.outputs)
     assert set(dvc["params"]) == {"run", name, *declared.reads}
+    # DVC must not delete an output before the command runs (a failed run would lose it): the runner's
+    # staged swap replaces outputs only on success
+    not_persistent = [o if isinstance(o, str) else next(iter(o)) for o in dvc["outs"]
+                      if not (isinstance(o, dict) and next(iter(o.values())).get("persist") is True)]
+    assert not not_persistent, f"dvc.yaml stage {name}: outs without persist: true: {not_persistent}"
 
 
 def test_code_deps_exist() -> None:

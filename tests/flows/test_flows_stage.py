@@ -96,8 +96,10 @@ def test_a_missing_group_and_bad_params_exit_2_naming_the_key(tmp_path: Path, mo
     assert main("noisy_removal") == 2
     assert "params.yaml: run.sedd: unknown key; allowed keys here: device, max_workers, seed, task_runner" \
         in capsys.readouterr().err
-    assert main("no_such_stage", params_path="missing.yaml") == 2
-    assert "missing.yaml: file not found" in capsys.readouterr().err
+    assert main("noisy_removal", params_path="missing.yaml") == 2
+    assert "error: missing.yaml: file not found" in capsys.readouterr().err
+    assert main("no_such_stage") == 2
+    assert "error: unknown stage 'no_such_stage'; stages: barycenter_valuation, distill" in capsys.readouterr().err
     Path("params.yaml").write_text(json.dumps({k: v for k, v in PARAMS.items() if k != "noisy_removal"}))
     with pytest.raises(Exception, match="noisy_removal: required key is missing"):
         run_stage("noisy_removal", {k: v for k, v in PARAMS.items() if k != "noisy_removal"})
@@ -108,3 +110,63 @@ def test_pipeline_dvc_command() -> None:
     assert dvc_command() == ["dvc", "repro"]
     assert dvc_command(["fed_distance"], force=True) == ["dvc", "repro", "--force", "fed_distance"]
     assert dvc_command(set_params={"run.seed": "1"}) == ["dvc", "exp", "run", "-S", "run.seed=1"]
+
+
+def _number(text: str) -> int:
+    return int(text)
+
+
+def test_fan_out_reports_progress_per_finished_task(capsys: pytest.CaptureFixture) -> None:
+    fan_out([Job(f"job {i}", _number, dict(text=str(i))) for i in range(3)], label="demo")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("[demo] 1/3 tasks · job 0 done · 0:00 elapsed · ETA ")
+    assert lines[-1].startswith("[demo] 3/3 tasks · job 2 done")  # the last one always, no ETA
+    assert "ETA" not in lines[-1]
+
+
+def test_a_bad_data_file_is_reported_before_any_server_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    monkeypatch.setenv("OTFED_HOME", str(tmp_path))
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "images_mnist.npz").write_bytes(b"PK\x03\x04 truncated")
+    Path("params.yaml").write_text(json.dumps({
+        "run": PARAMS["run"],
+        "partition": {"data_dir": "raw", "federations": {"c": {"scheme": "iid", "dataset": "mnist", "n_clients": 2,
+                                                                "samples": 100}}}}))
+    assert main("partition") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: raw/images_mnist.npz: not a readable .npz file")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "raw"]  # no .prefect, no outputs
+
+
+def test_a_failing_task_ends_in_one_error_line_naming_it(tmp_path: Path, mlflow_uri: str,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """Through the real Prefect flow (temporary server): the console gets progress lines and one error line
+    with the task; the traceback goes to the log file only; previous outputs stay."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OTFED_HOME", str(tmp_path))
+    for var in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "PREFECT_LOGGING_LEVEL"):
+        monkeypatch.delenv(var, raising=False)
+    Path("params.yaml").write_text(json.dumps(PARAMS))
+    Path("out/reports").mkdir(parents=True)
+    Path("out/reports/old.csv").write_text("kept\n")
+
+    def jobs(p, dirs):
+        return [Job("fine", _number, dict(text="1")), Job("client 7", _number, dict(text="seven"))]
+
+    stage = Stage(name="noisy_removal", params=NoisyRemovalParams, outputs=("out/reports",), jobs=jobs,
+                  report=lambda p, results, rep, dirs: {})
+    assert main(stage, argv=[]) == 1
+    err = capsys.readouterr().err
+    assert "[noisy_removal] 2 tasks on sequential × 1" in err
+    error = [line for line in err.splitlines() if not line.startswith("[noisy_removal]")]
+    assert error[0] == "error: ValueError: invalid literal for int() with base 10: 'seven'"
+    assert error[1] == "  in task 'client 7'"
+    assert error[2].startswith(f"  full log: {tmp_path / '.prefect' / 'logs' / 'noisy_removal.log'}")
+    assert "Traceback" not in err
+    assert "Traceback" in (tmp_path / ".prefect" / "logs" / "noisy_removal.log").read_text()
+    assert Path("out/reports/old.csv").read_text() == "kept\n" and not list(Path("out").glob(".*"))

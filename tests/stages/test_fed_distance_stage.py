@@ -9,6 +9,8 @@ import pandas as pd
 
 from flows.stage import run_stage
 from stages import layout
+from stages.fed_distance import STAGE
+from stages.stage import headline_metrics
 
 
 def test_fed_distance_writes_reports_and_logs_them(tiny: dict, mlflow_uri: str) -> None:
@@ -32,12 +34,14 @@ def test_fed_distance_writes_reports_and_logs_them(tiny: dict, mlflow_uri: str) 
     otdd = pd.read_csv(out / "otdd_pairs.csv")
     assert set(otdd.a) | set(otdd.b) == {"mnist", "kmnist"} and len(otdd) == 3  # 1 pair + 2 self-pairs
     written = json.loads((out / "metrics.json").read_text())
-    assert written["degenerate_clients"] == 2
+    headline = headline_metrics(metrics, STAGE.headline)  # dvc metrics show: the headline numbers
+    assert set(written) == set(headline) and written["otdd"]["mean_rel_error"] == headline["otdd"]["mean_rel_error"]
+    assert metrics["degenerate_clients"] == 2
     assert written["otdd"]["order_preserved"] is None  # one distance: no order relation to compare
     assert set(metrics["clustering"]["pairs"]) == {"affinity", "knn3"}
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("otfed").experiment_id],
                               "tags.stage = 'fed_distance'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    logged = {a.path.split("/")[-1] for a in client.list_artifacts(runs[0].info.run_id, "fed_distance")}
+    logged = {a.path.split("/")[-1] for a in client.list_artifacts(runs[0].info.run_id, "reports/fed_distance")}
     assert {"toy_time_error.png", "otdd_heatmaps.png", "clustering_ari.csv"} <= logged

@@ -33,7 +33,10 @@ TINY_MODEL = {"kind": "bert", "layers": 1, "hidden": 16, "heads": 2, "intermedia
 
 
 def text_params(root: Path) -> dict:
+    """The text track only: no feature federations, and a feature group the text stages must not read."""
     params = tiny_params(root)
+    del params["partition"]["federations"]
+    params["fed_distance"] = {"toy": {"iterations": "not an int"}, "no_such_key": 1}
     caps = {"max_train": 40, "max_eval": 20, "max_transfer": 30}
     params["partition"]["text"] = {
         "tasks": {"sa": {"dataset": "amazon_categories", "locals": ["cell_phones", "digital_music"],
@@ -70,13 +73,15 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, migrated_mlflow_db: Path)
     params = text_params(root)
     threads = torch.get_num_threads()
     try:
-        p = validate_params(params)
-        run_stage("partition", p)
-        teachers = run_stage("train_teachers", p)
-        bias = run_stage("estimate_bias", p)
+        def view(stage: str):  # what `python -m stages.<stage>` validates: its own groups only
+            return validate_params(params, stage=stage)
+
+        run_stage("partition", view("partition"))
+        teachers = run_stage("train_teachers", view("train_teachers"))
+        bias = run_stage("estimate_bias", view("estimate_bias"))
         with pytest.MonkeyPatch.context() as spy:
             spy.setattr(TextClassifier, "load", classmethod(recording_load))
-            metrics = run_stage("distill", p)
+            metrics = run_stage("distill", view("distill"))
         yield {"root": root, "params": params, "teachers": teachers, "bias": bias, "metrics": metrics,
                "distill_loaded": list(loaded), "uri": f"sqlite:///{db}"}
     finally:
@@ -119,6 +124,12 @@ def test_bias_is_the_argmax_frequency_on_random_texts(text_run) -> None:
     counts = np.bincount(clf.predict_proba(texts).argmax(1), minlength=len(labels)) / len(texts)
     row = table[table.party == "cell_phones"].iloc[0]
     np.testing.assert_allclose(row[list(labels)].to_numpy(dtype=float), counts)
+    # the bias messages the server reads (data/text_bias/<task>.npz) are the table's rows, one per party
+    sent = {m.sender: m.histogram for m in load_messages(root / layout.TEXT_BIAS / "sa.npz")}
+    shares = table.set_index("party")[list(labels)]
+    assert set(sent) == set(shares.index)
+    for party, histogram in sent.items():
+        np.testing.assert_allclose(histogram, shares.loc[party].to_numpy(dtype=float))
 
 
 def test_tables_are_recomputed_from_saved_predictions(text_run) -> None:
@@ -149,7 +160,7 @@ def test_variants_line_up_in_mlflow(text_run) -> None:
     assert len(names) == 1 and "ALL.semantic_distance" in next(iter(names))
     parents = client.search_runs(exp_ids, filter_string="tags.stage = 'distill'")
     run_id = parents[0].info.run_id
-    folders = [a.path for a in client.list_artifacts(run_id) if a.is_dir]
+    folders = [a.path for a in client.list_artifacts(run_id, "reports") if a.is_dir]
     logged = {a.path.split("/")[-1] for d in folders for a in client.list_artifacts(run_id, d)}
     assert {"table_sa.csv", "table_sa.md", "results.csv", "expected_label_sa.png", "sinkhorn_vs_entropy.png"} <= logged
 
@@ -172,7 +183,7 @@ def test_server_side_never_touches_client_models_or_training_texts(text_run) -> 
             mp.setattr(stages.distill, "distill_variant", spy)
             mp.chdir(root)
             mp.setenv("MLFLOW_TRACKING_URI", text_run["uri"])
-            run_stage("distill", text_params(root))
+            run_stage("distill", validate_params(text_params(root), stage="distill"))
     train_texts = {t for p in fed.locals for t in p.train.texts}
     blob = json.dumps([{k: v for k, v in c.items() if k not in {"ensemble", "label_space"}}
                        for c in captured], default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))

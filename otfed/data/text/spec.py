@@ -44,7 +44,8 @@ class TextTaskSpec(Strict):
     task: TextTask
     dataset: str = Field(description="sa: amazon_categories | womens_clothing | mdsd_amazon4; erc: dailydialog; "
                                      "nli: multinli.")
-    locals: tuple[str, ...] = Field(min_length=1, description="Local clients (domains, genres or DailyDialog chunks).")
+    locals: tuple[str, ...] = Field(min_length=1, strict=False,  # a YAML / JSON list
+                                    description="Local clients (domains, genres or DailyDialog chunks).")
     global_party: str = Field(description="The server's labelled dataset (pretrains the global model).")
     transfer: str = Field(description="Unlabelled transfer set: its labels are dropped when it is read.")
     max_train: int | None = Field(None, ge=1, description="Cap on train rows per party (stratified); None = all.")

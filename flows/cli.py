@@ -1,0 +1,84 @@
+"""``otfed`` — the one command (``[project.scripts]`` in pyproject.toml; also ``python -m flows.cli``).
+
+::
+
+    otfed run STAGE [--params FILE] [--verbose]   one stage through the generic Prefect flow (flows/stage.py)
+    otfed repro [STAGE ...] [DVC OPTIONS]         dvc repro: DVC decides what is stale and runs it
+    otfed results [--out FILE] [--reports DIR]    the results page of the last run (flows/results.py)
+    otfed doctor [--params FILE]                  check the environment, one line per check (flows/doctor.py)
+
+Thin: each command hands over to the module that does the work, imported inside the command so that
+``otfed --help`` answers at once. Exit status: the command's own (2 for bad params or an unknown stage).
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+PARAMS_HELP = "The params file (default: params.yaml in the current folder)."
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+app = typer.Typer(name="otfed", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="otfed: optimal transport for federated learning, as a DVC + Prefect + MLflow pipeline. "
+                       "Run from the repository root.")
+
+
+@app.command()
+def run(stage: str = typer.Argument(..., help="The stage to run (partition, fed_distance, distill, …)."),
+        params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help=PARAMS_HELP),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Prefect's logs and full tracebacks on the "
+                                                                     "console.")) -> None:
+    """Run one stage (what `dvc repro` calls for it): params checked, outputs swapped in on success."""
+    from stages.params import stages
+
+    known = sorted(stages())
+    if stage not in known:
+        typer.echo(f"error: unknown stage {stage!r}; stages: {', '.join(known)}", err=True)
+        raise typer.Exit(2)
+    from flows.stage import main as run_stage_main
+
+    raise typer.Exit(run_stage_main(stage, params_path=params, argv=["--verbose"] if verbose else []))
+
+
+@app.command(context_settings=PASS_THROUGH)
+def repro(args: Optional[List[str]] = typer.Argument(None, help="Stages, and any `dvc repro` option "
+                                                                 "(--force, --dry, -s …).")) -> None:
+    """Reproduce the pipeline: `dvc repro [STAGES...]` (only what is stale runs)."""
+    from flows.doctor import tool_path
+
+    dvc = tool_path("dvc")
+    if dvc is None:
+        typer.echo("error: dvc not found on the PATH (activate the environment: source .venv/bin/activate)",
+                   err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(subprocess.call([dvc, "repro", *(args or [])]))
+
+
+@app.command(context_settings=PASS_THROUGH)
+def results(args: Optional[List[str]] = typer.Argument(None, help="Passed on to `python -m flows.results` "
+                                                                  "(--reports DIR, --out FILE).")) -> None:
+    """The results of the last run in one page (`python -m flows.results`: reports/index.html)."""
+    from flows import results as summary
+
+    raise typer.Exit(summary.main(list(args or [])) or 0)
+
+
+@app.command()
+def doctor(params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help=PARAMS_HELP)) -> None:
+    """Check the environment: Python, pinned packages, dvc and git, params, embedded data, CUDA, MLflow store.
+    One line per check (ok / FAIL / info); exit status 1 if any check FAILs."""
+    from flows import doctor as checks
+
+    raise typer.Exit(checks.run(params, echo=typer.echo))
+
+
+def main() -> None:
+    """The ``otfed`` entry point: parse ``sys.argv``, run the command, exit with its status."""
+    app(prog_name="otfed")
+
+
+if __name__ == "__main__":  # python -m flows.cli
+    main()

@@ -1,0 +1,275 @@
+"""The papers' own numbers, in one place, for the results page (``python -m flows.results``).
+
+Quoted verbatim from the papers' text in ``/work/shared/papers`` (see ``SPEC.md``: the PDF extraction garbles
+some math; numbers below are copied from the tables and sentences as extracted, e.g. "10101010" in the raw text
+is the number 10). Each paper lists the tables / figures the pipeline reproduces; each item names the stage whose
+outputs answer it, the view of those outputs (``flows.results.VIEWS``) and the stage's figures.
+
+Item keys: ``ref`` (the paper's table / figure number), ``title``, ``stage`` (DVC stage; ``run`` overrides the
+"not run yet" command for outputs no stage writes, e.g. benchmarks), ``folder`` (under ``reports/``),
+``quotes`` (verbatim sentences), ``paper_table`` (the paper's numbers: column names + rows), ``views`` (names of
+``flows.results.VIEWS``), ``figures`` (files in the folder), ``note`` (how otfed's setting differs).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+FEDWAD = {
+    "key": "fedwad",
+    "title": "FedWaD — Federated Wasserstein Distance (ICLR 2024)",
+    "file": "002_6cad716a3bfe68e2.txt",
+    "items": [
+        {
+            "ref": "Fig. 2",
+            "title": "Two Gaussians: running time and relative error vs n",
+            "stage": "fed_distance", "folder": "fed_distance",
+            "quotes": [
+                "The approximated interpolating measure significantly improves computational efficiency, being at "
+                "least 10 times faster with sample size exceeding 100, especially with smaller support sizes. It also "
+                "achieves a similar relative approximation error as FedWaD using the exact interpolating measure and "
+                "true non-federated Wasserstein distance.",
+            ],
+            "views": ["toy_error_at_max_n", "toy_time_at_largest_exact_n"],
+            "figures": ["toy_time_error.png"],
+            "note": "The paper gives fig. 2 as plots only (support sizes 2, 10, 100; ratio 1:1 and 1:3). otfed's "
+                    "relative errors are against the exact empirical W2 (POT) of the same samples.",
+        },
+        {
+            "ref": "Fig. 3",
+            "title": "Convergence of A(k) towards W (2-D Gaussians, 200 points, t = 0.5)",
+            "stage": "fed_distance", "folder": "fed_distance",
+            "quotes": [
+                "the error on the true Wasserstein distance for the approximated interpolating measure reaches 10^-3, "
+                "while for the exact interpolating measure, it drops to a minimum of 10^-4 before increasing.",
+            ],
+            "views": ["convergence_final_gap"],
+            "figures": ["convergence.png"],
+            "note": "otfed also runs d = 50 and a random t per interpolation (SPEC §2: a fixed t = 0.5 stalls "
+                    "above W in dimension ≥ 10).",
+        },
+        {
+            "ref": "Fig. 6",
+            "title": "Federated OTDD between MNIST, KMNIST, USPS, FashionMNIST",
+            "stage": "fed_distance", "folder": "fed_distance",
+            "quotes": [
+                "the distance matrices produced by FedWaD are semantically similar to the ones for OTDD distance, "
+                "which means that order relations are well-preserved for most pairwise distances (except only for "
+                "two pairs of datasets in the USPS row).",
+                "the exact order relations are already uncovered using only 20 epochs in FedWaD.",
+            ],
+            "views": ["otdd_pairs"],
+            "figures": ["otdd_heatmaps.png"],
+            "note": "Paper: 5000 samples per dataset, support 1000 / 5000, 20 / 500 epochs, 5 draws.",
+        },
+        {
+            "ref": "Tables 1–5",
+            "title": "Boosting FL: spectral clustering of clients on pairwise federated OTDD",
+            "stage": "fed_distance", "folder": "fed_distance",
+            "quotes": [
+                "We can see that when there is a clear clustering structure among the clients, FedWaD is able to "
+                "recover it and always improve the performance of the original federated learning algorithms.",
+                "In terms of clustering, the “affinity\" parameter of the spectral clustering algorithm seems to be "
+                "the most efficient and robust one.",
+            ],
+            "paper_table": {
+                "caption": "Table 1, MNIST, FedAvg (accuracy %, mean ± sd over 5 trials, support 10)",
+                "columns": ["clients", "structure", "Vanilla", "Affinity", "Sparse G. (3)", "Sparse G. (5)"],
+                "rows": [
+                    [20, "strong", "26.3 ± 3.8", "99.5 ± 0.0", "99.5 ± 0.0", "91.5 ± 10.3"],
+                    [20, "none", "25.1 ± 6.6", "71.3 ± 7.3", "59.5 ± 3.0", "57.0 ± 4.4"],
+                    [40, "strong", "39.1 ± 9.0", "99.2 ± 0.1", "91.1 ± 6.5", "94.5 ± 9.4"],
+                    [40, "none", "42.5 ± 10.5", "70.8 ± 13.5", "60.0 ± 3.7", "58.1 ± 6.3"],
+                    [100, "strong", "39.2 ± 7.7", "98.9 ± 0.0", "95.9 ± 4.6", "98.4 ± 0.8"],
+                    [100, "none", "52.6 ± 3.9", "64.4 ± 9.6", "76.3 ± 5.4", "67.9 ± 6.0"],
+                ],
+            },
+            "views": ["clustering_ari"],
+            "figures": ["clustering_pairs_strong.png", "clustering_pairs_none.png"],
+            "note": "The paper reports FL accuracy after clustering; otfed reports how well the clustering "
+                    "recovers the planted groups (adjusted Rand index). FL retraining inside clusters is not built.",
+        },
+    ],
+}
+
+FEDBARY = {
+    "key": "fedbary",
+    "title": "FedBary — Data Valuation and Detections in Federated Learning",
+    "file": "003_00e64bb059b5688c.txt",
+    "items": [
+        {
+            "ref": "Fig. 4 (scatter)",
+            "title": "Client contributions (%) in cases 1–5, with a validation set",
+            "stage": "barycenter_valuation", "folder": "valuation",
+            "quotes": [
+                "For case 1, the result of our distance metric shows that the contributions for all 5 clients are "
+                "almost equal, with each of them occupying around 20%",
+                "If noise exists in labels of data (case 4), we can expect that the higher the percentage of noisy "
+                "labels, the smaller the contribution score is.",
+                "FedBary is sensitive to feature noise and could capture the right ordering of client "
+                "contributions: with a larger proportion of noise, the contribution score is smaller.",
+            ],
+            "views": ["contributions", "method_agreement"],
+            "figures": ["contributions.png"],
+            "note": "Paper: CIFAR-10 (5 clients). otfed: CIFAR-10 cases with 5 × 200 samples, 32-component PCA "
+                    "features; GTG-Shapley / MR / DataSV are not built (exact and Monte-Carlo Shapley, LOO are).",
+        },
+        {
+            "ref": "Fig. 4 (histogram)",
+            "title": "Without validation: distance of each client to the federated barycenter",
+            "stage": "barycenter_valuation", "folder": "valuation",
+            "quotes": [
+                "We simulate the scenario where there are 4 clients with i.i.d distributions and the 5-th client "
+                "with noisy data",
+                "the W_p(X̃_5, X̃_Q) is larger than other distances, leading to the conclusion that this dataset is "
+                "relatively irrelevant.",
+            ],
+            "views": ["outlier_distances"],
+            "figures": ["outlier_histogram.png"],
+        },
+        {
+            "ref": "Fig. 5, app. 11.3",
+            "title": "Noisy-feature / mislabeled data detection and point removal",
+            "stage": "barycenter_valuation", "folder": "valuation",
+            "quotes": [
+                "Corrupt feature samples detections and point Removal Comparison (a,b): FedBary and Lava are "
+                "superior; Mislabeled samples detections and point Removal Comparison (c,d): FedBary performs "
+                "similarly to Lava and conducts relatively accurate detections",
+                "The detection accuracy is 100% in the client side",
+                "For the mislabeled data detection, our approach could only detect 45% of noisy data. However, it is "
+                "worth noting that when accessing data, the mislabeled detection accuracy is only 47%",
+            ],
+            "views": ["detection_f1", "detection_recall"],
+            "figures": ["detection.png", "removal_curves.png"],
+            "note": "Noise rates 5 / 15 / 30 % as in the paper; otfed flags g > 0 (calibrated gradient) and reports "
+                    "F1 and recall of the flags against the ground truth.",
+        },
+        {
+            "ref": "Table 3",
+            "title": "Distance under duplication",
+            "stage": "barycenter_valuation", "folder": "valuation",
+            "quotes": ["We repeated the training set up to three times, and the distance remained unchanged."],
+            "paper_table": {
+                "caption": "Table 3: Distance behavior under duplications (CIFAR10)",
+                "columns": ["Data Size", "Whole Dataset", "One datum"],
+                "rows": [["5000", 39.14, 40.94], ["2 × 5000", 39.23, 40.96], ["3 × 5000", 39.18, 40.99]],
+            },
+            "views": ["duplication"],
+            "figures": ["duplication.png"],
+        },
+        {
+            "ref": "Table 4 (app. 11.4)",
+            "title": "Boost FL: FedAvg accuracy before / after removing the detected noisy samples",
+            "stage": "noisy_removal", "folder": "removal",
+            "paper_table": {
+                "caption": "Table 4: Accuracy before/after removing detected noisy samples",
+                "columns": ["Data", "#Noisy", "#Removed", "acc.before", "acc.after"],
+                "rows": [["CIFAR10", 500, 494, 0.67, 0.73], ["Fashion", 1000, 580, 0.56, 0.64]],
+            },
+            "views": ["removal"],
+            "figures": ["removal.png"],
+            "note": "otfed: FashionMNIST, 2000 training samples on 5 clients with 200 noisy (label or feature noise).",
+        },
+        {
+            "ref": "Table 2",
+            "title": "Evaluation time vs number of clients",
+            "stage": "bench", "folder": "bench", "run": "python -m bench.fedbary_scaling",
+            "quotes": ["Evaluation time of FedBary increases linearly with N."],
+            "paper_table": {
+                "caption": "Table 2 (FedBary column: support S = 100 / 500)",
+                "columns": ["N", "ExactFed", "GTG", "MR", "DataSV", "Ours (S=100/500)"],
+                "rows": [[5, "31m", "33s", "5m", "25m", "1m / 2m"], [10, "3h20m", "7m", "40m", "2h30m", "2m / 4m"],
+                         [50, "-", "-", "-", "-", "14m / 30m"], [100, "-", "-", "-", "-", "21m / 1h"]],
+            },
+            "views": ["fedbary_scaling"],
+            "figures": ["fedbary_scaling_blas1.png"],
+            "note": "A benchmark, not a DVC stage (wall times do not belong in DVC metrics): `make bench`.",
+        },
+    ],
+}
+
+# Paper ALL-column numbers of KNOT tables 2–4 (score, SD) per variant, for the side-by-side view.
+KNOT_ALL = {
+    "sa": {"Entropy-A": (0.50, 0.79), "Entropy-D": (0.52, 0.78), "Entropy-U": (0.49, 0.83), "Entropy-E": (0.52, 0.75),
+           "Sinkhorn-A": (0.52, 0.75), "Sinkhorn-D": (0.52, 0.76), "Sinkhorn-U": (0.49, 0.82),
+           "Sinkhorn-E": (0.52, 0.73)},
+    "erc": {"Entropy-A": (0.31, 0.64), "Entropy-D": (0.34, 0.62), "Entropy-U": (0.33, 0.64),
+            "Entropy-E": (0.39, 0.62), "Sinkhorn-A": (0.34, 0.64), "Sinkhorn-D": (0.39, 0.61),
+            "Sinkhorn-U": (0.34, 0.65), "Sinkhorn-E": (0.41, 0.59)},
+    "nli": {"Entropy-A": (0.65, 0.53), "Entropy-D": (0.64, 0.53), "Entropy-U": (0.65, 0.53),
+            "Entropy-E": (0.65, 0.52), "Sinkhorn-A": (0.64, 0.52), "Sinkhorn-D": (0.63, 0.52),
+            "Sinkhorn-U": (0.65, 0.51), "Sinkhorn-E": (0.65, 0.50)},
+}
+
+
+def _knot_all_table() -> dict[str, Any]:
+    variants = list(KNOT_ALL["sa"])
+    return {"caption": "ALL column of tables 2 (SA, macro-F1), 3 (ERC, macro-F1) and 4 (NLI, accuracy); SD = "
+                       "Semantic Distance",
+            "columns": ["variant", *[f"{t.upper()} {m}" for t in KNOT_ALL for m in ("score", "SD")]],
+            "rows": [[v, *[f"{x:.2f}" for t in KNOT_ALL for x in KNOT_ALL[t][v]]] for v in variants]}
+
+
+KNOT = {
+    "key": "knot",
+    "title": "KNOT — Knowledge Distillation using Optimal Transport / Federated confident Sinkhorns",
+    "file": "000_dc0ad67b44166ed7.txt",
+    "items": [
+        {
+            "ref": "Table 1",
+            "title": "Local (teacher) models: test score per party",
+            "stage": "train_teachers", "folder": "teachers",
+            "paper_table": {
+                "caption": "Table 1: score (macro-F1 for SA and ERC, accuracy for NLI) of the local models",
+                "columns": ["task", "party", "score"],
+                "rows": [["SA", "Cell", 0.49], ["SA", "Cloths", 0.52], ["SA", "Toys", 0.49], ["SA", "Food", 0.64],
+                         ["ERC", "IEMOCAP", 0.55], ["ERC", "MELD", 0.45], ["ERC", "DyDa{1,2,3}", "0.38, 0.34, 0.40"],
+                         ["NLI", "Fic", 0.63], ["NLI", "Gov", 0.65], ["NLI", "Slate", 0.62], ["NLI", "Tele", 0.65],
+                         ["NLI", "Trv", 0.63], ["NLI", "SNLI", 0.85]],
+            },
+            "views": ["teachers"],
+            "figures": ["training_curves.png"],
+            "note": "Paper: pretrained BERT fine-tuned on the full datasets. otfed (default params): BERT-tiny-shaped "
+                    "encoders trained from scratch on ≤ 1,500 texts per party on a CPU, other Amazon categories.",
+        },
+        {
+            "ref": "§5.2, app. D.1",
+            "title": "Probability bias B_k of each teacher (argmax shares on random texts)",
+            "stage": "estimate_bias", "folder": "bias",
+            "quotes": ["We define probability bias B of a local model as the prediction when a model h receives "
+                       "random noise at the input.",
+                       "we uniformly sample 200 tokens from the vocab with replacement and join them with white space. "
+                       "We obtain 100,000 such random texts."],
+            "views": ["bias"],
+            "figures": ["bias.png"],
+            "note": "The paper reports no B_k values.",
+        },
+        {
+            "ref": "Tables 2–4",
+            "title": "Distilled global model, ALL test sets: score and Semantic Distance (SD, lower is better)",
+            "stage": "distill", "folder": "distill",
+            "quotes": [
+                "Sinkhorn-A, D, U, and E are more semantically accurate in their predictions as compared to "
+                "Entropy-A, D, U, and E, respectively.",
+                "we observe that L2 distance ([Method]-E) gives better SD scores amongst the loss groups based on "
+                "Entropy and Sinkhorn.",
+            ],
+            "paper_table": _knot_all_table(),
+            "views": ["distill_all"],
+            "figures": ["sinkhorn_vs_entropy.png"],
+            "note": "Paper columns: ALL of table 2 (SA, macro-F1), table 3 (ERC, macro-F1), table 4 (NLI, "
+                    "accuracy). otfed's per-test-set tables: reports/distill/table_<task>.csv.",
+        },
+        {
+            "ref": "Fig. 2",
+            "title": "Expected label per ground-truth label, Entropy vs Sinkhorn",
+            "stage": "distill", "folder": "distill",
+            "quotes": ["we observe the median SD of OT (green box, red line) is closer to the ground truth sentiment "
+                       "classes—1,2,3, and 5 as compared to the median SD of Entropy (blue box-red line)."],
+            "views": [],
+            "figures": ["expected_label_sa.png", "expected_label_erc.png", "expected_label_nli.png"],
+        },
+    ],
+}
+
+
+PAPERS: list[dict[str, Any]] = [FEDWAD, FEDBARY, KNOT]

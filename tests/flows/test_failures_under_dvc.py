@@ -1,0 +1,175 @@
+"""Nothing is lost under DVC: a bad param, a bad ``dvc exp run -S`` value, Ctrl-C and SIGTERM leave the
+committed outputs byte-identical, no staging folder, no orphan process; queued experiments log into the
+user's MLflow store.
+
+Each test runs real ``dvc`` commands in a throw-away git + DVC repository holding a copy of this project's
+code, its ``data/raw`` and the ``partition`` stage exactly as ``dvc.yaml`` declares it (``persist: true``
+outs), on tiny params.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+import yaml
+
+from tests.stages.conftest import tiny_params
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["dvc", *args], cwd=repo, capture_output=True, text=True, env=_env())
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "OTFED_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def _snapshot(repo: Path) -> dict[str, bytes]:
+    """Every file of the stage's outputs, by path, with its bytes."""
+    files = {}
+    for folder in ("reports/partition", "data/partitions"):
+        for path in sorted((repo / folder).rglob("*")):
+            if path.is_file():
+                files[str(path.relative_to(repo))] = path.read_bytes()
+    return files
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git + DVC repository with the partition stage run once and committed."""
+    if shutil.which("git") is None or shutil.which("dvc", path=_env()["PATH"]) is None:
+        pytest.skip("needs git and dvc")
+    repo = tmp_path_factory.mktemp("project")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("otfed", "stages", "flows"):
+        shutil.copytree(REPO / folder, repo / folder, ignore=ignore)
+    shutil.copytree(REPO / "data" / "raw", repo / "data" / "raw")
+    params = tiny_params(repo)
+    params["partition"]["data_dir"] = "data/raw"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["partition"]
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"partition": stage}}, sort_keys=False))
+    (repo / ".gitignore").write_text("mlruns.db*\nmlartifacts/\n.prefect/\n/data/partitions\n/data/text_partitions\n")
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "test@example.org")
+    _git(repo, "config", "user.name", "test")
+    assert _dvc(repo, "init", "-q").returncode == 0
+    done = _dvc(repo, "repro")
+    assert done.returncode == 0, done.stderr
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "partition run")
+    return repo
+
+
+def _runs(repo: Path) -> list:
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlruns.db'}")
+    exp = client.get_experiment_by_name("otfed")
+    return client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
+
+
+def test_a_bad_param_through_dvc_repro_loses_nothing(project: Path) -> None:
+    before = _snapshot(project)
+    params = project / "params.yaml"
+    good = params.read_text()
+    params.write_text(good.replace("samples_per_client: 40", "samples_per_client: -4", 1))
+    try:
+        run = _dvc(project, "repro")
+    finally:
+        params.write_text(good)
+    assert run.returncode != 0
+    assert "error: params.yaml: partition.federations.bench.samples_per_client: Input should be greater than " \
+           "or equal to 10 (got -4)" in run.stdout + run.stderr
+    assert _snapshot(project) == before  # DVC did not delete the outputs (persist: true)
+
+
+def test_a_bad_exp_run_value_leaves_params_yaml_as_it_was(project: Path) -> None:
+    before, params = _snapshot(project), (project / "params.yaml").read_bytes()
+    run = _dvc(project, "exp", "run", "-S", "partition.federations.bench.samples_per_client=-3")
+    assert run.returncode != 0
+    assert "restored as it was before this experiment's -S values" in run.stdout + run.stderr
+    assert (project / "params.yaml").read_bytes() == params  # bytes, not git status (DVC keeps the stat)
+    assert _snapshot(project) == before
+
+
+def _start_repro(repo: Path) -> tuple[subprocess.Popen, list[str]]:
+    """``dvc repro --force`` in its own session; returns once the stage has started its tasks."""
+    proc = subprocess.Popen(["dvc", "repro", "--force"], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "tasks on" in line:
+            return proc, lines
+    pytest.fail("the stage never started its tasks:\n" + "".join(lines))
+
+
+def _session_processes(sid: int) -> list[str]:
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if os.getsid(p.pid) == sid:
+                left.append(" ".join(p.info["cmdline"] or []))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return left
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stage_killed_mid_run_loses_nothing_and_leaves_no_process(project: Path, how: str) -> None:
+    before = _snapshot(project)
+    proc, lines = _start_repro(project)
+    if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground process group
+        os.killpg(proc.pid, signal.SIGINT)
+    else:  # SIGTERM to the stage process alone (a scheduler / OOM-killer style stop)
+        stage = next(c for c in psutil.Process(proc.pid).children(recursive=True)
+                     if "stages.partition" in " ".join(c.cmdline()))
+        stage.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    text = "".join(lines) + out
+    assert proc.returncode != 0
+    assert f"error: partition interrupted ({'SIGINT' if how == 'ctrl-c' else 'SIGTERM'}); previous outputs kept" \
+        in text
+    assert _snapshot(project) == before
+    assert not list(project.glob("**/.*.staging")), "a staging folder was left behind"
+    deadline = time.monotonic() + 10
+    while _session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _session_processes(proc.pid), "orphan processes (e.g. the temporary Prefect server)"
+    assert _runs(project)[0].info.status == "KILLED"  # the MLflow run does not stay RUNNING
+
+
+def test_a_queued_experiment_logs_into_the_users_store(project: Path) -> None:
+    """``dvc exp run --queue`` runs the stage in a temporary copy under .dvc/tmp/exps; its MLflow run must
+    land in the user's ``mlruns.db`` (DVC_ROOT), tagged with the experiment and its baseline commit."""
+    head = _git(project, "rev-parse", "HEAD").strip()
+    n_before = len(_runs(project))
+    queued = _dvc(project, "exp", "run", "--queue", "-S", "run.seed=7", "-n", "seed-seven")
+    assert queued.returncode == 0, queued.stderr
+    ran = _dvc(project, "exp", "run", "--run-all")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    runs = _runs(project)
+    assert len(runs) == n_before + 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["run.seed"] == "7"
+    assert run.data.tags["dvc_experiment"] == "seed-seven"
+    assert run.data.tags["git_commit"] == head
+    assert not list((project / ".dvc" / "tmp").rglob("mlruns.db")), "a store inside the temporary copy"

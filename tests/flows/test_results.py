@@ -1,0 +1,159 @@
+"""The results page (``flows.results``): offline, every paper section, figures that exist, missing stages named."""
+from __future__ import annotations
+
+import json
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows import results
+from flows.paper_numbers import PAPERS
+from stages.params import stages
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Links(HTMLParser):
+    """Every tag with a src / href, and whether any script or stylesheet appears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[tuple[str, str, str]] = []  # (tag, attribute, value)
+        self.tags: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in {"src", "href"} and value is not None:
+                self.refs.append((tag, name, value))
+            if name == "id" and value:
+                self.ids.add(value)
+
+
+def parse(page: str) -> Links:
+    links = Links()
+    links.feed(page)
+    return links
+
+
+def assert_offline(page: str, out_dir: Path) -> Links:
+    links = parse(page)
+    assert "script" not in links.tags and "link" not in links.tags and "iframe" not in links.tags
+    for tag, _, value in links.refs:
+        assert not value.startswith(("http://", "https://", "//")), (tag, value)
+    for tag, attr, value in links.refs:
+        if tag == "img":
+            assert (out_dir / value).is_file(), f"{value} (relative to {out_dir}) does not exist"
+        elif value.startswith("#"):
+            assert value[1:] in links.ids, f"anchor {value} has no target"
+    return links
+
+
+def png(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plt.imsave(path, np.zeros((2, 2)))
+
+
+@pytest.fixture
+def fake_reports(tmp_path: Path) -> Path:
+    """A tiny reports tree: fed_distance (a clustering table, one figure, metrics), removal (its table, no
+    figure), valuation (a table with the wrong columns); every other stage not run."""
+    root = tmp_path / "reports"
+    fd = root / "fed_distance"
+    fd.mkdir(parents=True)
+    pd.DataFrame({"federation": ["pairs_strong", "pairs_strong", "pairs_none", "pairs_none"],
+                  "method": ["affinity", "knn3", "affinity", "knn3"], "n_neighbors": [0, 3, 0, 3],
+                  "ari": [1.0, 0.9, 0.25, 0.125], "n_clusters_found": [5, 5, 5, 5]}).to_csv(fd / "clustering_ari.csv",
+                                                                                         index=False)
+    png(fd / "clustering_pairs_strong.png")
+    (fd / "metrics.json").write_text(json.dumps({
+        "clustering": {"pairs_strong": {"affinity": 1.0}, "pairs_none": {"affinity": 0.25}},
+        "toy": {"seconds_exact_ot_total": 41.0}}))
+    rm = root / "removal"
+    rm.mkdir()
+    pd.DataFrame({"federation": ["fmnist_label_noise"], "noisy": [200], "removed": [790], "removed_noisy": [171],
+                  "accuracy_before": [0.726], "accuracy_after": [0.712]}).to_csv(rm / "removal.csv", index=False)
+    va = root / "valuation"
+    va.mkdir()
+    pd.DataFrame({"unexpected": [1]}).to_csv(va / "detection.csv", index=False)
+    return root
+
+
+def test_fake_tree_page(fake_reports: Path) -> None:
+    out = fake_reports / "index.html"
+    page = results.page_html(fake_reports, out, commit="abc123")
+    links = assert_offline(page, out.parent)
+    for paper in PAPERS:  # every paper and every item has its section
+        assert paper["key"] in links.ids and paper["title"] in page.replace("&#x27;", "'")
+        for i, _ in enumerate(paper["items"]):
+            assert f'{paper["key"]}-{i}' in links.ids
+    assert "abc123" in page
+    # what ran: the table (ARI 0.125 formatted), the figure, the headline metrics (no wall time)
+    assert "0.125" in page and 'src="fed_distance/clustering_pairs_strong.png"' in page
+    assert "clustering.pairs_strong.affinity" in page and "seconds_exact_ot_total" not in page
+    # what did not: a stage never run, a missing figure, a missing table
+    for stage in ("train_teachers", "estimate_bias", "distill", "partition"):
+        assert f"not run yet (dvc repro {stage})" in page
+    assert "clustering_pairs_none.png missing: not run yet (dvc repro fed_distance)" in page
+    assert "otdd_pairs.csv missing: not run yet (dvc repro fed_distance)" in page
+    assert "removal.png missing" in page and "0.712" in page
+    assert "not run yet (python -m bench.fedbary_scaling)" in page
+    # a table whose columns changed: said on the page, the rest still built
+    assert "could not read this table" in page
+    # the paper's numbers are there even when otfed's are not
+    assert "26.3 ± 3.8" in page and "0.41" in page
+
+
+def test_page_is_deterministic_and_main_writes_it(fake_reports: Path, tmp_path: Path) -> None:
+    out = tmp_path / "site" / "page.html"
+    assert results.main(["--reports", str(fake_reports), "--out", str(out)]) == 0
+    first = out.read_text()
+    assert results.main(["--reports", str(fake_reports), "--out", str(out)]) == 0
+    assert out.read_text() == first
+    assert_offline(first, out.parent)  # images relative to the page's own folder
+    assert not list(out.parent.glob("*.tmp"))
+    assert results.main(["--reports", str(tmp_path / "nowhere")]) == 2
+
+
+def test_empty_tree_says_not_run_for_every_stage(tmp_path: Path) -> None:
+    root = tmp_path / "reports"
+    root.mkdir()
+    page = results.page_html(root, root / "index.html", commit="x")
+    assert_offline(page, root)
+    for name in stages():
+        assert f"not run yet (dvc repro {name})" in page
+    assert "<img" not in page
+
+
+def test_committed_reports_page(tmp_path: Path) -> None:
+    reports = REPO / "reports"
+    if not (reports / "fed_distance" / "metrics.json").exists():
+        pytest.skip("no committed reports")
+    out = reports / "index.html"  # built in memory only: the test writes nothing under reports/
+    page = results.page_html(reports, out, commit="test")
+    links = assert_offline(page, out.parent)
+    assert "could not read this table" not in page, "a view no longer matches the committed tables"
+    assert "not run yet" not in page.replace("not run yet (python -m bench", "")
+    imgs = [v for t, _, v in links.refs if t == "img"]
+    assert len(imgs) >= 18
+    for name, stage in stages().items():  # every stage's headline metrics are on the page
+        folder = Path(stage.outputs[0]).name
+        assert f"<code>{folder}/metrics.json</code>" in page, name
+    for paper in PAPERS:
+        assert paper["key"] in links.ids
+    # the page references the PNGs in place (small page, no embedded images)
+    assert "data:image" not in page and len(page.encode()) < 500_000
+
+
+def test_every_view_named_by_the_papers_exists() -> None:
+    named = {v for paper in PAPERS for item in paper["items"] for v in item.get("views", [])}
+    assert named <= set(results.VIEWS), named - set(results.VIEWS)
+    for paper in PAPERS:
+        for item in paper["items"]:
+            assert item["stage"] in stages() or item.get("run"), item["ref"]
