@@ -168,12 +168,12 @@ def cuda() -> Check:
 def mlflow_store() -> Check:
     """The MLflow store (:func:`flows.tracking.tracking_uri`) is writable: a SQLite file whose folder takes a
     new file (and the file itself, if it exists); a server URI is only named."""
-    from flows.tracking import tracking_uri
+    from flows.tracking import sqlite_path, tracking_uri
 
     uri = tracking_uri()
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_path(uri)
+    if db is None:
         return Check("info", "mlflow", f"{uri} (a server: not checked)")
-    db = Path(uri[len("sqlite:///"):])
     try:
         db.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=db.parent, prefix=".otfed-doctor-"):

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from flows.project import project_root
-from flows.stage import configure_prefect_environment
+from flows.stage import configure_prefect_environment, failure_lines
 from otfed.errors import ConfigError
 from stages.params import validate_params
 
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         if overrides:
             check_overrides(overrides, project_root() / "params.yaml", args.stages)
     except ConfigError as exc:
-        for line in str(exc).splitlines():
-            print(f"error: {line}", file=sys.stderr)
+        for line in failure_lines(exc, None):
+            print(line, file=sys.stderr)
         return 2
     if args.serve:
         from prefect.settings import get_current_settings

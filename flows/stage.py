@@ -79,9 +79,8 @@ def _clock(seconds: float) -> str:
 
 
 class Progress:
-    """``[stage] 3/12 tasks · <task> done · 0:21 elapsed · ETA 1:04`` on stderr for each finished task (at
-    most one line per ``every`` seconds, and always the last), and the same line as an INFO log of the
-    Prefect flow run when there is one."""
+    """``[stage] 3/12 tasks · <task> done · 0:21 elapsed · ETA 1:04`` for each finished task (at most one
+    line per ``every`` seconds, and always the last), through :func:`announce`."""
 
     def __init__(self, label: str, total: int, every: float = 2.0) -> None:
         self.label, self.total, self.every = label, total, every
@@ -89,11 +88,6 @@ class Progress:
         self.start = time.monotonic()
         self._last = float("-inf")
         self._lock = threading.Lock()
-
-    def say(self, message: str) -> None:
-        line = f"[{self.label}] {message}"
-        print(line, file=sys.stderr, flush=True)
-        _flow_log(line)
 
     def step(self, name: str) -> None:
         with self._lock:
@@ -105,16 +99,17 @@ class Progress:
             elapsed = now - self.start
             eta = elapsed / self.done * (self.total - self.done)
             tail = f" · ETA {_clock(eta)}" if self.done < self.total else ""
-            self.say(f"{self.done}/{self.total} tasks · {name} done · {_clock(elapsed)} elapsed{tail}")
+            announce(self.label, f"{self.done}/{self.total} tasks · {name} done · {_clock(elapsed)} elapsed{tail}")
 
 
-def _flow_log(line: str) -> None:
-    """An INFO log line on the current Prefect flow run (shown in its UI page); nothing outside a flow."""
-    try:
-        from prefect.context import FlowRunContext
-        from prefect.logging import get_run_logger
-    except ImportError:  # pragma: no cover - prefect is a dependency
-        return
+def announce(label: str, message: str) -> None:
+    """``[label] message`` on stderr, and as an INFO log of the current Prefect flow run (its UI page) when
+    there is one."""
+    from prefect.context import FlowRunContext
+    from prefect.logging import get_run_logger
+
+    line = f"[{label}] {message}"
+    print(line, file=sys.stderr, flush=True)
     if FlowRunContext.get() is not None:
         get_run_logger().info(line)
 
@@ -238,20 +233,19 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
                             description=description(stage)) as run, ExitStack() as staged:
         dirs = {folder: staged.enter_context(io.staged_directory(folder)) for folder in stage.outputs}
         jobs = stage.jobs(p, dirs)
-        progress = Progress(stage.name, len(jobs))
-        progress.say(f"{len(jobs)} tasks on {p.run.task_runner} × "
-                     f"{1 if p.run.task_runner == 'sequential' else p.run.max_workers} (MLflow run {run.run_id})")
+        announce(stage.name, f"{len(jobs)} tasks on {p.run.task_runner} × "
+                             f"{1 if p.run.task_runner == 'sequential' else p.run.max_workers} (MLflow run {run.run_id})")
         results = fan_out(jobs, label=stage.name)
-        progress.say("report: tables, figures, metrics")
+        announce(stage.name, "report: tables, figures, metrics")
         reports = dirs[stage.outputs[0]]
         metrics = stage.report(p, results, TrackedReport(run, reports), dirs)
         # metrics.json (``dvc metrics show``) holds the headline numbers, never a wall time; MLflow gets all
         for pattern in unmatched_patterns(metrics, stage.headline):
-            progress.say(f"warning: headline pattern {pattern!r} matches no metric")
+            announce(stage.name, f"warning: headline pattern {pattern!r} matches no metric")
         io.write_json(headline_metrics(metrics, stage.headline), reports / "metrics.json")
         run.log_metrics(tracking.flat_metrics(metrics))
         run.log_artifact(reports / "metrics.json")
-    progress.say(f"done in {_clock(time.monotonic() - start)} → {', '.join(stage.outputs)}")
+    announce(stage.name, f"done in {_clock(time.monotonic() - start)} → {', '.join(stage.outputs)}")
     return metrics
 
 
@@ -337,9 +331,7 @@ def undo_failed_override(params_path: str | Path, error: ConfigError) -> bool:
         before, now = yaml.safe_load(text), yaml.safe_load(path.read_text())
     except (OSError, subprocess.CalledProcessError, yaml.YAMLError):
         return False
-    named = {m.group(1) for line in str(error).splitlines()
-             if (m := re.match(r"^[^:]+: ([\w.\[\]-]+):", line))}
-    named = {re.sub(r"\[\d+\]", "", key) for key in named}
+    named = {re.sub(r"\[\d+\]", "", key) for key in error.keys}  # the keys validation named
     changed = {re.sub(r"\[\d+\]", "", key) for key in _differences(before, now)}
     if not changed or not all(any(c == k or c.startswith(k + ".") or k.startswith(c + ".") for k in named)
                               for c in changed):
@@ -358,7 +350,9 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix]
 
 
-def _error_lines(exc: BaseException, log_file: Path | None) -> list[str]:
+def failure_lines(exc: BaseException, log_file: Path | None) -> list[str]:
+    """The console lines of a failure: ``error: …`` per line of an OtfedError's message (``error: <Type>:
+    <message>`` otherwise), the task it came from, and where the full log is."""
     lines = [f"error: {line}" for line in (str(exc) or type(exc).__name__).splitlines()]
     if not isinstance(exc, OtfedError):
         lines[0] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
@@ -378,12 +372,11 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list
     try:
         the_stage = stage_named(stage) if isinstance(stage, str) else stage
         p = load_params(params_path, stage=the_stage)
-        preflight = getattr(the_stage, "preflight", None)
-        if preflight is not None and getattr(p, the_stage.name, None) is not None:
-            preflight(p)
+        if the_stage.preflight is not None:
+            the_stage.preflight(p)
     except OtfedError as exc:
-        for line in str(exc).splitlines():
-            print(f"error: {line}", file=sys.stderr)
+        for line in failure_lines(exc, None):
+            print(line, file=sys.stderr)
         if isinstance(exc, ConfigError) and undo_failed_override(params_path, exc):
             print(f"{params_path}: restored as it was before this experiment's -S values", file=sys.stderr)
         return 2
@@ -392,16 +385,12 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list
 
 
 def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str]) -> int:
+    """The stage as a Prefect flow; the exit status, with one ``error:`` line (and the failed task) when it
+    fails, the traceback in the log file."""
     configure_prefect_environment(verbose)
-    import prefect  # noqa: F401 — configures logging: the console level and the log file go on afterwards
+    from prefect import flow, tags  # configures logging: the console level and the log file go on afterwards
 
     _quiet_console(verbose)
-    with _log_to_file(the_stage.name) as log_file:
-        return _flow_with_log(the_stage, p, received, log_file)
-
-
-def _flow_with_log(the_stage: Stage, p: Any, received: list[str], log_file: Path) -> int:
-    from prefect import flow, tags
 
     def stage_flow(params: dict[str, Any]) -> dict[str, Any]:
         accept_interrupts()  # the temporary server is up (and immune to the group's SIGINT)
@@ -413,23 +402,24 @@ def _flow_with_log(the_stage: Stage, p: Any, received: list[str], log_file: Path
     runner = task_runner(p.run.task_runner, p.run.max_workers)
     pipeline_run = os.environ.get("OTFED_PIPELINE_RUN")
     run_tags = ["otfed", f"stage:{the_stage.name}"] + ([f"pipeline:{pipeline_run}"] if pipeline_run else [])
-    try:
-        with tags(*run_tags):
-            flow(name=the_stage.name, validate_parameters=False, task_runner=runner,
-                 description=description(the_stage))(stage_flow)(params_read(p, the_stage))
-    except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            raise
-        if received or not isinstance(exc, Exception):  # Ctrl-C / SIGTERM, or Prefect's TerminationSignal
-            name = received[0] if received else str(exc) or (
-                "SIGTERM" if getattr(exc, "signal", None) == signal.SIGTERM else "SIGINT")
-            log.warning("interrupted (%s)", name, exc_info=exc)
-            print(f"error: {the_stage.name} interrupted ({name}); previous outputs kept", file=sys.stderr)
-            return 143 if name == "SIGTERM" else 130
-        log.error("stage %s failed", the_stage.name, exc_info=exc)
-        for line in _error_lines(exc, log_file):
-            print(line, file=sys.stderr)
-        return 2 if isinstance(exc, OtfedError) else 1
+    with _log_to_file(the_stage.name) as log_file:
+        try:
+            with tags(*run_tags):
+                flow(name=the_stage.name, validate_parameters=False, task_runner=runner,
+                     description=description(the_stage))(stage_flow)(params_read(p, the_stage))
+        except BaseException as exc:
+            if isinstance(exc, SystemExit):
+                raise
+            if received or not isinstance(exc, Exception):  # Ctrl-C / SIGTERM, or Prefect's TerminationSignal
+                name = received[0] if received else str(exc) or (
+                    "SIGTERM" if getattr(exc, "signal", None) == signal.SIGTERM else "SIGINT")
+                log.warning("interrupted (%s)", name, exc_info=exc)
+                print(f"error: {the_stage.name} interrupted ({name}); previous outputs kept", file=sys.stderr)
+                return 143 if name == "SIGTERM" else 130
+            log.error("stage %s failed", the_stage.name, exc_info=exc)
+            for line in failure_lines(exc, log_file):
+                print(line, file=sys.stderr)
+            return 2 if isinstance(exc, OtfedError) else 1
     return 0
 
 

@@ -21,7 +21,7 @@ import math
 import os
 import subprocess
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -58,20 +58,24 @@ def git_commit(cwd: str | Path | None = None) -> str:
         return "unknown"
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI; None for any other store (a server)."""
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def _store_lock(uri: str) -> AbstractContextManager[None]:
+    """The cross-process lock of a SQLite store (``<db>.lock`` beside it); nothing for a server."""
+    db = sqlite_path(uri)
+    return project.exclusive(db.with_name(db.name + ".lock")) if db is not None else nullcontext()
+
+
 def _client() -> Any:
-    """An MLflow client on :func:`tracking_uri`; a SQLite store is created / migrated under a file lock."""
+    """An MLflow client on :func:`tracking_uri`; a SQLite store is created / migrated under its lock."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
 
     uri = tracking_uri()
-    db = _sqlite_path(uri)
-    if db is None:
-        return mlflow.MlflowClient(tracking_uri=uri)
-    with project.exclusive(db.with_name(db.name + ".lock")):
+    with _store_lock(uri):
         client = mlflow.MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # opens the store: creates and migrates its schema
     return client
@@ -82,18 +86,34 @@ def _experiment_id(client: Any, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         uri = tracking_uri()
-        db = _sqlite_path(uri)
-        artifact_location = (db.parent / "mlartifacts").as_uri() if db is not None else None
-        lock = project.exclusive(db.with_name(db.name + ".lock")) if db is not None else nullcontext()
-        with lock:
+        db = sqlite_path(uri)
+        with _store_lock(uri):
             exp = client.get_experiment_by_name(name)
             if exp is None:
-                client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+                client.create_experiment(name, tags=EXPERIMENT_KIND,
+                                         artifact_location=(db.parent / "mlartifacts").as_uri() if db else None)
                 exp = client.get_experiment_by_name(name)
-    if any(exp.tags.get(k) != v for k, v in EXPERIMENT_KIND.items()):
-        for k, v in EXPERIMENT_KIND.items():
-            client.set_experiment_tag(exp.experiment_id, k, v)
+    for key, value in EXPERIMENT_KIND.items():
+        if exp.tags.get(key) != value:
+            client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
+
+
+@contextmanager
+def _ending(client: Any, run_id: str) -> Iterator[None]:
+    """End run ``run_id`` when the block ends: FINISHED, FAILED on an error, KILLED on Ctrl-C / SIGTERM
+    (KeyboardInterrupt, Prefect's TerminationSignal) — never left RUNNING."""
+    status = "FAILED"
+    try:
+        yield
+        status = "FINISHED"
+    except Exception:
+        raise
+    except BaseException:
+        status = "KILLED"
+        raise
+    finally:
+        client.set_terminated(run_id, status)
 
 
 @dataclass
@@ -161,17 +181,8 @@ class TrackedRun:
         run = self.client.create_run(self.experiment_id, tags={k: str(v) for k, v in all_tags.items()},
                                      run_name=name)
         child = TrackedRun(self.client, run.info.run_id, self.experiment_id)
-        status = "FAILED"
-        try:
+        with _ending(self.client, child.run_id):
             yield child
-            status = "FINISHED"
-        except Exception:
-            raise
-        except BaseException:  # Ctrl-C, SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
-            status = "KILLED"
-            raise
-        finally:
-            self.client.set_terminated(child.run_id, status)
 
 
 def flat_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -192,33 +203,24 @@ def _metric_key(key: str) -> str:
 
 @contextmanager
 def stage_run(stage: str, params: Any, params_hash: str, experiment: str = EXPERIMENT,
-              description: str = "", tags: Mapping[str, str] | None = None) -> Iterator[TrackedRun]:
+              description: str = "") -> Iterator[TrackedRun]:
     """Open the MLflow run of one stage execution, tagged stage / git_commit / params_hash, params logged.
 
     ``params`` is the flattened dict of the params groups the stage reads; ``description`` shows on the run's
-    page. The run ends FINISHED, FAILED on an error, KILLED on Ctrl-C / SIGTERM (KeyboardInterrupt).
+    page. The run ends FINISHED, FAILED on an error, KILLED on Ctrl-C / SIGTERM (:func:`_ending`).
     """
     client = _client()
     exp_id = _experiment_id(client, experiment)
-    all_tags = {"stage": stage, "git_commit": git_commit(), "params_hash": params_hash, **(tags or {})}
+    tags = {"stage": stage, "git_commit": git_commit(), "params_hash": params_hash}
     if os.environ.get("DVC_EXP_NAME"):
-        all_tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
+        tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
     if description:
-        all_tags["mlflow.note.content"] = description
-    run = client.create_run(exp_id, tags=all_tags, run_name=stage)
+        tags["mlflow.note.content"] = description
+    run = client.create_run(exp_id, tags=tags, run_name=stage)
     tracked = TrackedRun(client, run.info.run_id, exp_id)
-    status = "FAILED"
-    try:
+    with _ending(client, tracked.run_id):
         tracked.log_params(params)
         yield tracked
-        status = "FINISHED"
-    except Exception:
-        raise
-    except BaseException:  # Ctrl-C, SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
-        status = "KILLED"
-        raise
-    finally:
-        client.set_terminated(tracked.run_id, status)
 
 
 def params_hash(params: Mapping[str, Any]) -> str:

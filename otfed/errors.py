@@ -10,7 +10,15 @@ class OtfedError(Exception):
 
 
 class ConfigError(OtfedError, ValueError):
-    """params.yaml is invalid: unknown key, wrong type or out-of-range value (message names the key path)."""
+    """params.yaml is invalid: unknown key, wrong type or out-of-range value (message names the key path).
+
+    ``keys`` are the dotted key paths at fault when the error comes from validating a params file (list
+    items as ``key[i]``); empty otherwise.
+    """
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
 
 
 class DataFileError(OtfedError):

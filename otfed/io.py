@@ -113,9 +113,8 @@ def staged_directory(final: str | Path) -> Iterator[Path]:
     import shutil
 
     final = Path(final)
-    staging = final.parent / f".{final.name}{STAGING_SUFFIX}"
-    if staging.exists():
-        shutil.rmtree(staging)
+    staging = _staging(final)
+    remove_staging(final)  # left by a killed run
     staging.mkdir(parents=True)
     try:
         yield staging
@@ -137,12 +136,16 @@ def remove_staging(final: str | Path) -> bool:
     ``final`` itself is never touched. Returns whether one was removed."""
     import shutil
 
-    final = Path(final)
-    staging = final.parent / f".{final.name}{STAGING_SUFFIX}"
+    staging = _staging(Path(final))
     if not staging.exists():
         return False
     shutil.rmtree(staging, ignore_errors=True)
     return True
+
+
+def _staging(final: Path) -> Path:
+    """The staging folder of ``final``: ``.<name>.staging`` beside it (git- and DVC-ignored)."""
+    return final.parent / f".{final.name}{STAGING_SUFFIX}"
 
 
 def final_location(path: str | Path) -> Path:

@@ -161,7 +161,7 @@ def _models_in(annotation: Any) -> list[Any]:
     return out
 
 
-def _format_error(err: dict[str, Any], data: Any) -> str:
+def _format_error(err: dict[str, Any], data: Any) -> tuple[str, str]:
     loc = [str(x) for x in err["loc"]]
     parts: list[str] = []
     node = data
@@ -185,7 +185,7 @@ def _format_error(err: dict[str, Any], data: Any) -> str:
     got = err.get("input")
     if err["type"] not in {"missing", "extra_forbidden"} and not isinstance(got, (dict, list)) and "(got" not in msg:
         msg += f" (got {got!r})"
-    return f"{path}: {msg}" if path else msg
+    return path, msg
 
 
 def _is_type_tag(part: str) -> bool:
@@ -232,14 +232,16 @@ def validate_params(data: Any, source: str = "params.yaml", stage: Stage | str |
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        lines = []
+        lines, keys = [], []
         for err in exc.errors():
-            line = _format_error(err, data)
+            path, msg = _format_error(err, data)
             if err["type"] == "extra_forbidden":
-                line += f"; allowed keys here: {', '.join(_allowed_at(err['loc']))}"
-            lines.append(f"{source}: {line}")
+                msg += f"; allowed keys here: {', '.join(_allowed_at(err['loc']))}"
+            lines.append(f"{source}: {path}: {msg}" if path else f"{source}: {msg}")
+            if path:
+                keys.append(path)
         # union branches can repeat the same complaint; keep order, drop duplicates
-        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+        raise ConfigError("\n".join(dict.fromkeys(lines)), keys=tuple(dict.fromkeys(keys))) from None
 
 
 def load_params(path: str | Path = "params.yaml", stage: Stage | str | None = None) -> Any:

@@ -79,10 +79,15 @@ class PartitionParams(Strict):
         return v
 
 
+def image_datasets(part: PartitionParams) -> list[str]:
+    """The embedded image datasets the configured federations draw from, each once."""
+    return list(dict.fromkeys(d for spec in part.federations.values()
+                              for d in (spec.datasets if spec.scheme == "by_dataset" else [spec.dataset])))
+
+
 def raw_files(part: PartitionParams) -> list[Path]:
     """The embedded files of ``data_dir`` this stage reads for the federations and text tasks configured."""
-    names = [IMAGE_DATASETS[d] for spec in part.federations.values()
-             for d in (spec.datasets if spec.scheme == "by_dataset" else [spec.dataset])]
+    names = [IMAGE_DATASETS[d] for d in image_datasets(part)]
     if part.text is not None:
         names += [RAW_FILES[s.dataset] for spec in part.text.tasks.values() for s in SOURCES[(spec.task, spec.dataset)]]
     return [Path(part.data_dir) / name for name in dict.fromkeys(names)]
@@ -92,8 +97,7 @@ def preflight(p: Params) -> None:
     """Every raw file the configured federations and tasks read opens and has the expected keys / columns —
     checked before any server starts (DataFileError naming the file otherwise)."""
     part = p.partition
-    for name in dict.fromkeys(d for spec in part.federations.values()
-                              for d in (spec.datasets if spec.scheme == "by_dataset" else [spec.dataset])):
+    for name in image_datasets(part):
         for split in SPLITS:
             load_images(name, split, part.data_dir)
     for path in raw_files(part):
