@@ -139,8 +139,10 @@ def test_a_stage_killed_mid_run_loses_nothing_and_leaves_no_process(project: Pat
     if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground process group
         os.killpg(proc.pid, signal.SIGINT)
     else:  # SIGTERM to the stage process alone (a scheduler / OOM-killer style stop)
+        # the Python process itself: without $SHELL, DVC runs the command through /bin/sh (dash), which
+        # stays as its parent with the same command line
         stage = next(c for c in psutil.Process(proc.pid).children(recursive=True)
-                     if "stages.partition" in " ".join(c.cmdline()))
+                     if "stages.partition" in " ".join(c.cmdline()) and c.name().startswith("python"))
         stage.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     text = "".join(lines) + out
