@@ -3,12 +3,16 @@
 #                     then write the results page reports/index.html
 #                     (make pipeline FORCE=1: dvc repro --force)
 #   make test       — set up .venv and run the test suite (what .ci/run calls)
+# and, for several stages / hosts logging at once (e.g. `dvc queue start -j 2`):
+#   make mlflow-server   — an MLflow tracking server on 127.0.0.1:5000 (make mlflow-server MLFLOW_PORT=5001: another
+#                          port): runs in mlflow-server/mlflow.db, artifacts in mlflow-server/artifacts, served
+#                          through the server; it prints the `export MLFLOW_TRACKING_URI=...` line to use
 VENV ?= .venv
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup pipeline test bench clean-runs
+.PHONY: setup pipeline test bench clean-runs mlflow-server gpu-check
 
 $(VENV)/.installed: requirements.lock
 	python3 -m venv $(VENV)
@@ -31,6 +35,22 @@ bench: setup   ## every benchmark → reports/bench/ (tens of minutes; not part 
 	python -m bench.distill_speed
 	python -m bench.distill_step
 	python -m bench.fedbary_scaling
+	python -m bench.scale_out   # task runners side by side (needs data/partitions: dvc repro partition)
+
+gpu-check: setup   ## on a CUDA machine: GPU info, the gpu-marked tests, a timed tiny text-track run → reports/bench/gpu_check.txt
+	bash bench/gpu_check.sh
 
 clean-runs:  ## forget local MLflow / Prefect history (not the DVC outputs)
 	rm -rf mlruns.db mlartifacts .prefect
+
+MLFLOW_PORT ?= 5000
+MLFLOW_WORKERS ?= 2
+MLFLOW_SERVER_DIR := $(abspath mlflow-server)
+mlflow-server: setup   ## MLflow tracking server: 127.0.0.1:$(MLFLOW_PORT), store and artifacts in mlflow-server/ (Ctrl-C stops it)
+	mkdir -p $(MLFLOW_SERVER_DIR)/artifacts
+	@echo "MLflow server on http://127.0.0.1:$(MLFLOW_PORT) (runs: $(MLFLOW_SERVER_DIR)/mlflow.db, artifacts: $(MLFLOW_SERVER_DIR)/artifacts)"
+	@echo "log every stage to it — in each shell that runs dvc / python -m stages.<name>:"
+	@echo "    export MLFLOW_TRACKING_URI=http://127.0.0.1:$(MLFLOW_PORT)"
+	mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers $(MLFLOW_WORKERS) \
+		--backend-store-uri sqlite:///$(MLFLOW_SERVER_DIR)/mlflow.db \
+		--serve-artifacts --artifacts-destination $(MLFLOW_SERVER_DIR)/artifacts

@@ -5,8 +5,9 @@
 each table / figure the pipeline reproduces, with the paper's numbers (``flows.paper_numbers``) beside otfed's,
 and each stage's headline metrics (``Stage.headline``). Plain HTML and CSS: no script, no stylesheet or font
 from the network; figures are referenced by relative path (the page opens from ``reports/`` and is small).
-A stage whose outputs are missing gets "not run yet (dvc repro <stage>)". The page is deterministic: it names
-the git commit, not the time it was generated.
+A stage whose outputs are missing gets "not run yet (dvc repro <stage>)". The page is committed and must come out
+byte for byte the same from the same reports: it names no time, commit, run id or absolute path, and reads no
+wall time from the stages' reports (they hold none; timings come from the benchmarks' tables, ``reports/bench``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import argparse
 import html
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -58,19 +58,30 @@ def toy_error_at_max_n(folder: Path) -> list[tuple[str, pd.DataFrame]]:
 
 
 @view
-def toy_time_at_largest_exact_n(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+def toy_error_at_largest_exact_n(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     rows = _csv(folder, "toy_gaussians.csv")
     exact_interp = rows[rows.method == "fedwad_exact_interp"].dropna(subset=["rel_error"])
     if exact_interp.empty:
         return []
     n = int(exact_interp.n.max())
-    at = rows[(rows.n == n) & (rows.ratio == 1)]
-    at = at.assign(support=at.support.where(at.method == "fedwad_approx", 0))
-    table = at.groupby(["dim", "method", "support"], as_index=False)[["seconds", "rel_error"]].mean()
-    table["method"] = [m if m != "fedwad_approx" else f"fedwad_approx S={s}" for m, s in zip(table.method, table.support)]
-    table = table.drop(columns="support")
-    return [(f"wall time (s, one run on the pipeline machine) and relative error at n = {n}, ratio 1:1 — the largest "
-             "n exact-interpolation FedWaD ran at", table)]
+    at = rows[(rows.n == n) & (rows.ratio == 1) & (rows.method != "exact_ot")]
+    at = at.assign(method=[m if m != "fedwad_approx" else f"fedwad_approx S={s}" for m, s in zip(at.method, at.support)])
+    table = at.pivot_table(index="method", columns="dim", values="rel_error", sort=False)
+    table.columns = [f"d = {d}" for d in table.columns]
+    return [(f"relative error at n = {n}, ratio 1:1 — the largest n exact-interpolation FedWaD ran at (mean over "
+             "repeats)", table.reset_index())]
+
+
+@view
+def fedwad_speed(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _csv(folder, "fedwad_speed.csv")
+    cols = [c for c in ("n", "n_nu", "seconds_exact", "seconds_auto", "seconds_network_simplex",
+                        "speedup_vs_network_simplex", "rel_error_auto", "rel_error_network_simplex") if c in rows]
+    setting = ", ".join(f"{label} = {int(rows[c].iloc[0])}" for c, label in
+                        (("support", "S"), ("iterations", "iterations"), ("dim", "d")) if c in rows)
+    return [(f"wall time (s) of the exact W2 and of approximate FedWaD (seconds_auto: otfed's subproblem solver; "
+             f"seconds_network_simplex: POT's network simplex for every subproblem) vs n (ν: n_nu samples), "
+             f"{setting} (bench, one run)", rows[cols])]
 
 
 @view
@@ -280,8 +291,9 @@ def item_html(item: dict[str, Any], reports: Path, out_dir: Path, anchor: str) -
                 ours.append(not_run(stage_name, run).replace(
                     "not run yet", f"{html.escape(missing)} missing: not run yet"))
             except Exception as exc:  # a changed table layout: say so on the page, keep the rest
+                message = str(exc).replace(str(reports.resolve()), reports.resolve().name)  # no absolute path
                 ours.append(f'<p class="missing">could not read this table: {html.escape(type(exc).__name__)}: '
-                            f"{html.escape(str(exc))}</p>")
+                            f"{html.escape(message)}</p>")
     if not ours and folder.is_dir():
         ours.append("<p>(figures below)</p>")
     if item.get("note"):
@@ -300,25 +312,11 @@ def item_html(item: dict[str, Any], reports: Path, out_dir: Path, anchor: str) -
     return "\n".join(parts)
 
 
-def git_commit(cwd: Path) -> str:
-    """``git rev-parse HEAD`` (plus a note when tracked files under ``cwd`` differ from it), or "unknown"
-    outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=cwd,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return head + (" (with uncommitted changes under this folder)" if dirty else "")
-
-
-def page_html(reports: Path, out: Path, commit: str | None = None,
-              papers: Iterable[dict[str, Any]] = PAPERS) -> str:
-    """The whole page for the reports tree ``reports``, written to ``out`` (image paths are relative to it)."""
+def page_html(reports: Path, out: Path, papers: Iterable[dict[str, Any]] = PAPERS) -> str:
+    """The whole page for the reports tree ``reports``, written to ``out`` (image paths are relative to it).
+    A function of the files under ``reports`` only: no date, commit or absolute path (the page is committed)."""
     papers = list(papers)
     out_dir = out.parent
-    commit = git_commit(reports) if commit is None else commit
     nav, body = [], []
     body.append('<h2 id="data">Data (stage partition)</h2>')
     fig = reports / "partition" / "class_histograms.png"
@@ -346,17 +344,18 @@ def page_html(reports: Path, out: Path, commit: str | None = None,
             "<title>otfed — results next to the papers</title>\n"
             f"<style>{CSS}</style>\n</head>\n<body>\n"
             "<h1>otfed — results next to the papers</h1>\n"
-            f'<p class="meta">reports: <code>{html.escape(reports.name)}/</code> · git commit '
-            f"<code>{html.escape(commit)}</code> · regenerate with <code>python -m flows.results</code> · "
-            "figures, tables and metrics come from the stages' outputs (<code>dvc repro</code>)</p>\n"
+            f'<p class="meta">reports: <code>{html.escape(reports.name)}/</code> · regenerate with '
+            "<code>python -m flows.results</code> · figures, tables and metrics come from the stages' outputs "
+            "(<code>dvc repro</code>); wall times from the benchmarks (<code>make bench</code>), the stages' own "
+            "in their MLflow runs</p>\n"
             f"<nav><ul>{''.join(nav)}</ul></nav>\n" + "\n".join(body) + "\n</body>\n</html>\n")
 
 
-def write_page(reports: str | Path = "reports", out: str | Path | None = None, commit: str | None = None) -> Path:
+def write_page(reports: str | Path = "reports", out: str | Path | None = None) -> Path:
     """Write the page (atomically: a temporary file renamed into place) and return its path."""
     reports = Path(reports)
     out = reports / "index.html" if out is None else Path(out)
-    text = page_html(reports, out, commit)
+    text = page_html(reports, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -39,11 +39,13 @@ from typing import Any, Iterator, Mapping
 import pandas as pd
 import yaml
 
-from flows import project, tracking
+from flows import project, runners, tracking
 from otfed import io
 from otfed.errors import ConfigError, OtfedError
 from stages.params import load_params, stage as stage_named, validate_params
 from stages.stage import Job, Stage, headline_metrics, unmatched_patterns
+import tempfile
+from stages.stage import committed_table, wall_time_columns
 
 log = logging.getLogger("otfed.stage")
 
@@ -57,18 +59,6 @@ def configure_prefect_environment(verbose: bool = False) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-
-
-def task_runner(kind: str, max_workers: int) -> Any:
-    """The Prefect task runner named in ``run.task_runner``: ``thread`` (``run.max_workers`` threads) or
-    ``sequential`` (one worker thread)."""
-    from prefect.task_runners import ThreadPoolTaskRunner
-
-    if kind == "thread":
-        return ThreadPoolTaskRunner(max_workers=max_workers)
-    if kind == "sequential":
-        return ThreadPoolTaskRunner(max_workers=1)
-    raise ValueError(f"run.task_runner must be one of thread, sequential (got {kind!r})")
 
 
 # ---------------------------------------------------------------------------------------- progress
@@ -123,6 +113,12 @@ def _run_job(job: Job) -> Any:
         raise
 
 
+def _run_call(name: str, fn: Any, kwargs: Mapping[str, Any]) -> Any:
+    """:func:`_run_job` of ``Job(name, fn, kwargs)``: a task's parameters (a Dask task runner resolves the
+    futures of scattered arguments inside ``kwargs`` before the call)."""
+    return _run_job(Job(name, fn, kwargs))
+
+
 def failed_task(exc: BaseException) -> str | None:
     """The name of the task an exception came from (see :func:`_run_job`), if any."""
     for note in getattr(exc, "__notes__", []):
@@ -147,12 +143,21 @@ def fan_out(jobs: list[Job], label: str = "stage") -> list[Any]:
             results.append(_run_job(job))
             progress.step(job.name)
         return results
-    futures = [task(_run_job, name=job.fn.__name__.replace("_", "-"), task_run_name=job.name,
-                    cache_policy=NO_CACHE).submit(job) for job in jobs]
+    calls = [dict(job.kwargs) for job in jobs]
+    client = runners.dask_client(FlowRunContext.get().task_runner)
+    if client is not None:  # large / shared arguments go to the cluster once, the jobs carry references
+        calls = runners.scatter_shared(client, calls)
+    futures = [task(_run_call, name=job.fn.__name__.replace("_", "-"), task_run_name=job.name,
+                    cache_policy=NO_CACHE).submit(job.name, job.fn, kwargs) for job, kwargs in zip(jobs, calls)]
     names = {id(f): job.name for f, job in zip(futures, jobs)}
     try:
         for future in as_completed(futures):
-            future.result()  # raises the first failure (with its task name) at once
+            try:
+                future.result()  # raises the first failure (with its task name) at once
+            except Exception as exc:  # e.g. a Dask worker died: the job never added its name
+                if failed_task(exc) is None:
+                    exc.add_note(f"in task {names[id(future)]!r}")
+                raise
             progress.step(names[id(future)])
     except BaseException:  # a failure or an interrupt: tasks not started yet never start
         for future in futures:
@@ -163,8 +168,19 @@ def fan_out(jobs: list[Job], label: str = "stage") -> list[Any]:
     return [f.result() for f in futures]
 
 
+# MLflow artifact folder of what a stage measures about its own run (never a committed output): the full tables,
+# wall-time columns included, and the figures of wall times
+TIMINGS = "timings"
+
+
 class TrackedReport:
-    """:class:`stages.stage.Report` over an MLflow run: every file written is logged as an artifact."""
+    """:class:`stages.stage.Report` over an MLflow run: every file written is logged as an artifact.
+
+    The reports folder is committed (git, ``dvc.lock``), so what lands there is byte-reproducible: a table is
+    written as :func:`~stages.stage.committed_table` has it (no wall-time column, floats to
+    :data:`~stages.stage.COMMITTED_DIGITS` digits). A table with wall times is also logged whole to the run,
+    as artifact ``timings/<name>`` (written in a temporary folder, never in the reports folder), and so is a
+    figure of wall times (:meth:`timing_figure`)."""
 
     def __init__(self, run: tracking.TrackedRun, out: Path) -> None:
         self._run = run
@@ -175,10 +191,25 @@ class TrackedReport:
         return self._out
 
     def table(self, frame: pd.DataFrame, name: str, markdown: bool = True) -> Path:
-        return self._run.log_table(frame, self._out / name, markdown=markdown)
+        if wall_time_columns(frame.columns):
+            with tempfile.TemporaryDirectory(prefix="otfed-timings-") as tmp:
+                path = io.write_csv(frame, Path(tmp) / Path(name).name)
+                self._log_timing(path, name)
+                if markdown:
+                    self._log_timing(io.write_text(io.markdown_table(frame), path.with_suffix(".md")), name)
+        return self._run.log_table(committed_table(frame), self._out / name, markdown=markdown)
 
     def figure(self, fig: Any, name: str) -> Path:
         return self._run.log_figure(fig, self._out / name)
+
+    def timing_figure(self, fig: Any, name: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="otfed-timings-") as tmp:
+            self._log_timing(io.save_figure(fig, Path(tmp) / Path(name).name), name)
+
+    def _log_timing(self, path: Path, name: str) -> None:
+        """Log ``path`` to the run under ``timings/`` (and ``name``'s own subfolder, if any)."""
+        folder = (Path(TIMINGS) / Path(name).parent).as_posix()
+        self._run.client.log_artifact(self._run.run_id, str(path), artifact_path=folder)
 
     def artifact(self, path: str | Path) -> None:
         self._run.log_artifact(path)
@@ -233,8 +264,9 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
                             description=description(stage)) as run, ExitStack() as staged:
         dirs = {folder: staged.enter_context(io.staged_directory(folder)) for folder in stage.outputs}
         jobs = stage.jobs(p, dirs)
-        announce(stage.name, f"{len(jobs)} tasks on {p.run.task_runner} × "
-                             f"{1 if p.run.task_runner == 'sequential' else p.run.max_workers} (MLflow run {run.run_id})")
+        announce(stage.name, f"{len(jobs)} tasks on "
+                             f"{runners.describe(p.run.task_runner, p.run.max_workers, p.run.dask_address)} "
+                             f"(MLflow run {run.run_id})")
         results = fan_out(jobs, label=stage.name)
         announce(stage.name, "report: tables, figures, metrics")
         reports = dirs[stage.outputs[0]]
@@ -374,6 +406,8 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list
         p = load_params(params_path, stage=the_stage)
         if the_stage.preflight is not None:
             the_stage.preflight(p)
+        if p.run.task_runner == "dask" and p.run.dask_address:  # the cluster answers and has workers
+            runners.check_dask_address(p.run.dask_address)
     except OtfedError as exc:
         for line in failure_lines(exc, None):
             print(line, file=sys.stderr)
@@ -399,7 +433,7 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str]) -> i
     # tasks still running when a stage fails or is interrupted finish before the interpreter exits (threads
     # cannot be stopped) and may write into a staging folder already removed: remove it at the very end
     atexit.register(lambda: [io.remove_staging(folder) for folder in the_stage.outputs])
-    runner = task_runner(p.run.task_runner, p.run.max_workers)
+    runner = runners.task_runner(p.run.task_runner, p.run.max_workers, p.run.dask_address)
     pipeline_run = os.environ.get("OTFED_PIPELINE_RUN")
     run_tags = ["otfed", f"stage:{the_stage.name}"] + ([f"pipeline:{pipeline_run}"] if pipeline_run else [])
     with _log_to_file(the_stage.name) as log_file:

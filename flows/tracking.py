@@ -12,19 +12,33 @@
   identical metric names so the MLflow compare view lines them up. The experiment opens on the runs view.
 * Every call goes through :class:`mlflow.MlflowClient` with explicit run ids: the fluent "active run" is
   thread-local, and stage work fans out over Prefect worker threads.
+* Every call waits out a locked SQLite store (:func:`retry_while_locked`): MLflow gives each SQLite
+  transaction a 20 s busy timeout and turns a longer wait into ``database is locked``; the call is retried
+  with backoff for up to ``OTFED_TRACKING_RETRY_S`` seconds (default :data:`RETRY_S`), so a stage never
+  loses a param, a metric or its run's end because another process held the store's write lock. A
+  transaction that fails so is rolled back, and a retried call is idempotent even where part of it had
+  committed (``log_batch`` commits params, metrics and tags separately): an identical param is skipped,
+  an identical metric point is not inserted twice, a tag or a run status is overwritten with the same
+  value — a retry never duplicates anything. Several hosts, or many processes at once: log over HTTP to
+  ``make mlflow-server`` (a server answers a locked write to its own SQLite store with HTTP 503, which
+  MLflow's HTTP client retries with backoff, and so does this module).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import math
 import os
+import random
+import sqlite3
 import subprocess
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import pandas as pd
 
@@ -36,6 +50,16 @@ EXPERIMENT = "otfed"
 CODE = ("otfed", "stages", "flows", "dvc.yaml", "pyproject.toml", "requirements.lock")
 # MLflow 3's UI opens an experiment of this kind on its runs view (not the empty GenAI overview)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# how long one tracking call keeps retrying a locked SQLite store (``OTFED_TRACKING_RETRY_S`` overrides; 0:
+# no retry); each attempt itself waits up to MLflow's busy timeout (20 s) for the lock
+RETRY_S = 300.0
+RETRY_ENV = "OTFED_TRACKING_RETRY_S"
+RETRY_FIRST_DELAY_S = 0.05
+RETRY_MAX_DELAY_S = 2.0
+LOCKED = "database is locked"
+
+log = logging.getLogger("otfed.tracking")
+T = TypeVar("T")
 
 
 def tracking_uri() -> str:
@@ -63,6 +87,71 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def is_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's ``database is locked`` — raised by sqlite3, wrapped by SQLAlchemy and by
+    MLflow's store (``TEMPORARILY_UNAVAILABLE``), or returned by a tracking server on a SQLite store — as
+    itself or as any exception it was raised from."""
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (sqlite3.OperationalError, sqlalchemy.exc.OperationalError, MlflowException)) \
+                and LOCKED in str(current).lower():
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def retry_while_locked(call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)``, retried while it fails with ``database is locked`` (:func:`is_locked`):
+    exponential backoff with jitter (:data:`RETRY_FIRST_DELAY_S` doubling up to :data:`RETRY_MAX_DELAY_S`)
+    for at most ``OTFED_TRACKING_RETRY_S`` seconds (default :data:`RETRY_S`; 0: one attempt). Any other
+    error, or the lock still held when the time is up, is raised at once (the latter with a note saying so)."""
+    budget = float(os.environ.get(RETRY_ENV) or RETRY_S)
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if not is_locked(exc):
+                raise
+            attempt += 1
+            waited = time.monotonic() - start
+            delay = min(RETRY_MAX_DELAY_S, RETRY_FIRST_DELAY_S * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            name = getattr(call, "__name__", "call")
+            if waited + delay > budget:
+                exc.add_note(f"MLflow store still locked after {attempt} attempt(s) of {name} over {waited:.0f} s "
+                             f"({RETRY_ENV}={budget:g}); for many concurrent writers log to a tracking server "
+                             "(make mlflow-server)")
+                raise
+            if attempt == 1:
+                log.warning("MLflow store locked during %s; retrying for up to %g s", name, budget)
+            time.sleep(delay)
+
+
+class _RetriedLocks(logging.Filter):
+    """Drops MLflow's own traceback of a ``database is locked`` error (``mlflow.store.db.utils`` logs one per
+    failed transaction): :func:`retry_while_locked` retries it, warns once, and raises it if it persists."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[1] is not None and is_locked(record.exc_info[1]))
+
+
+class _RetryingClient:
+    """An :class:`mlflow.MlflowClient` whose every method call goes through :func:`retry_while_locked`."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        return functools.partial(retry_while_locked, attr) if callable(attr) else attr
+
+
 def _store_lock(uri: str) -> AbstractContextManager[None]:
     """The cross-process lock of a SQLite store (``<db>.lock`` beside it); nothing for a server."""
     db = sqlite_path(uri)
@@ -70,13 +159,17 @@ def _store_lock(uri: str) -> AbstractContextManager[None]:
 
 
 def _client() -> Any:
-    """An MLflow client on :func:`tracking_uri`; a SQLite store is created / migrated under its lock."""
+    """An MLflow client on :func:`tracking_uri` whose every call waits out a locked store
+    (:class:`_RetryingClient`); a SQLite store is created / migrated under its lock."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
 
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    if not any(isinstance(f, _RetriedLocks) for f in store_log.filters):
+        store_log.addFilter(_RetriedLocks())
     uri = tracking_uri()
     with _store_lock(uri):
-        client = mlflow.MlflowClient(tracking_uri=uri)
+        client = _RetryingClient(mlflow.MlflowClient(tracking_uri=uri))
         client.search_experiments(max_results=1)  # opens the store: creates and migrates its schema
     return client
 
@@ -171,7 +264,9 @@ class TrackedRun:
             artifact_dir = str(final.relative_to(Path.cwd().resolve()).parent)
         except ValueError:  # outside the working directory: keep the folder name
             artifact_dir = final.parent.name
-        self.client.log_artifact(self.run_id, str(path), artifact_path=artifact_dir)
+        # a file in the working directory itself goes to the run's root (a server refuses the path ".")
+        self.client.log_artifact(self.run_id, str(path),
+                                 artifact_path=None if artifact_dir in ("", ".") else artifact_dir)
 
     # -- nesting
     @contextmanager

@@ -5,6 +5,9 @@
 * :func:`stage_device` — the device of a whole stage. On CPU it also pins torch to one intra-op thread
   for the process (:func:`pin_torch_threads`): a stage's concurrent tasks then each use one core without
   oversubscription, and float reductions are the same from run to run (and whatever the task runner).
+* :func:`threads_for` — the ``num_threads`` / ``threads`` argument of otfed's torch functions for work on
+  a device: 1 on CPU, None (torch's setting left alone) on an accelerator.
+* :func:`to_device` — a host tensor on a device without making the host wait for a GPU.
 * :func:`torch_threads` — run a block with a given number of torch intra-op threads, then restore the
   previous number.
 
@@ -172,6 +175,25 @@ def pin_torch_threads(n: int) -> None:
     """Set torch's intra-op threads to ``n`` for the rest of the process (a stage or a benchmark), waiting
     until no other thread is inside a :func:`torch_threads` block."""
     _TORCH_THREADS.pin(_checked_threads(n))
+
+
+def threads_for(device: object) -> int | None:
+    """The torch CPU threads to run work on ``device`` with (the ``num_threads`` / ``threads`` argument of
+    otfed's torch functions): 1 on CPU (small tensors, shared cores: :func:`torch_threads`), None on any
+    other device. On a GPU the host thread count does not matter, and a block that had to change it would
+    run alone (module docstring): concurrent GPU tasks would take turns instead of overlapping."""
+    return 1 if str(device).split(":")[0] == "cpu" else None
+
+
+def to_device(tensor, device):
+    """``tensor`` (a torch tensor) on ``device``. From the host to a CUDA device through pinned memory, without
+    blocking: a plain ``.to("cuda")`` from pageable memory waits until the GPU has finished the work queued
+    before it (a host sync), so the host could not queue the next step while the GPU runs this one. Anywhere
+    else a plain ``.to(device)`` (on CPU: ``tensor`` itself)."""
+    kind = getattr(device, "type", str(device).split(":")[0])
+    if kind == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def stage_device(device: str | None) -> str:

@@ -30,7 +30,7 @@ from scipy.stats import spearmanr
 from otfed.data.corruption import corrupted_federation, noisy_client_federation
 from otfed.data.parties import client_sets, project_federation, server_split
 from otfed.data.store import FederationData, load_federation
-from otfed.device import pin_torch_threads
+from otfed.device import stage_device
 from otfed.federation.fedbary import FedBaryConfig, fedbary_on_measures, federated_valuation
 from otfed.figures import valuation as figs
 from otfed.fl import FedAvgConfig
@@ -167,8 +167,8 @@ def job_kinds(p: Params) -> list[str]:
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """One contributions job per federation, the outlier job, one detection job per (kind, rate), the
     duplication job (features projected as the params say; noise planted before the projection)."""
-    # FedAvg trains on the CPU: concurrent tasks each use one torch thread (pinned once, for the stage)
-    pin_torch_threads(1)
+    # FedAvg (the contributions jobs' utility) runs on run.device; on CPU one torch thread per task
+    device = stage_device(p.run.device)
     bv, seed = p.barycenter_valuation, p.run.seed
     c, o, d, u = bv.contributions, bv.contributions.outlier, bv.detection, bv.duplication
 
@@ -181,7 +181,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         validation, _ = server_split(fed, c.validation_samples)
         out.append(Job(f"contributions {name}", client_contributions, dict(
             name=name, clients=client_sets(fed), validation=validation, config=bv.fedbary, fedavg=c.fedavg,
-            permutations=c.monte_carlo_permutations, seed=seed)))
+            permutations=c.monte_carlo_permutations, seed=seed, device=device)))
     out.append(Job(f"outlier {o.federation}", outlier_distances, dict(
         fed=load(o.federation), noisy_client=o.client, fraction=o.fraction, noise_std=o.noise_std,
         pca_components=bv.pca_components, validation_samples=c.validation_samples, config=bv.fedbary, seed=seed)))
@@ -206,11 +206,11 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
 # --------------------------------------------------------------------------------- contributions
 def client_contributions(name: str, clients: list[LabelledData], validation: LabelledData, config: FedBaryConfig,
-                         fedavg: FedAvgConfig, permutations: int, seed: int) -> list[dict[str, Any]]:
+                         fedavg: FedAvgConfig, permutations: int, seed: int, device: str) -> list[dict[str, Any]]:
     """One federation of FedBary fig. 4: every method's value and contribution (%) per client, and its
     wall time. FedBary: score ∝ 1/W(P_i, Q) (Q = validation set, or the federated barycenter); Shapley
     types: φ_i / Σ_j φ_j (:func:`~otfed.valuation.percent_of_total`) with the FedAvg-validation-accuracy
-    utility (:func:`~otfed.valuation.fedavg_utility`)."""
+    utility (:func:`~otfed.valuation.fedavg_utility`, FedAvg on ``device``)."""
     rows: list[dict[str, Any]] = []
     names = [c.name for c in clients]
 
@@ -224,7 +224,7 @@ def client_contributions(name: str, clients: list[LabelledData], validation: Lab
     res, secs = timed(federated_valuation, clients, config, validation=None, seed=seed)
     add("fedbary_barycenter", res.distances, res.contributions, secs)
     players = ValuationData(np.arange(len(clients), dtype=np.float64)[:, None], np.zeros(len(clients), dtype=np.int64))
-    utility = fedavg_utility(clients, validation, fedavg, seed)
+    utility = fedavg_utility(clients, validation, fedavg, seed, device)
     for method, valuer in (("exact_shapley", ExactShapley(utility)), ("leave_one_out", LeaveOneOut(utility)),
                            ("monte_carlo_shapley", PermutationShapley(utility, permutations, seed=seed))):
         values, secs = timed(valuer.fit, players)
@@ -455,7 +455,7 @@ def _contributions_report(p: Params, results: list[list[dict[str, Any]]], out: R
     agreement = pd.DataFrame(rank_agreement(rows))
     overall = agreement.groupby("method", sort=False).agg(
         spearman_vs_exact_shapley=("spearman_vs_exact_shapley", "mean"), seconds=("seconds", "sum")).reset_index()
-    overall.insert(0, "federation", "all (mean ρ, total s)")
+    overall.insert(0, "federation", "all (mean ρ)")  # seconds: summed (MLflow timings only)
     out.table(pd.concat([agreement, overall], ignore_index=True), "method_agreement.csv")
     summary: dict[str, Any] = {}
     for name in p.barycenter_valuation.contributions.federations:

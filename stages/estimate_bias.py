@@ -71,11 +71,12 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 def party_bias(task: str, party: str, model_dir: str, n_texts: int, text_length: int, batch_size: int,
                seed: int, device: str) -> tuple[dict[str, Any], Message]:
     """B_k of one teacher (KNOT §5.2, app. D.1): argmax frequencies on ``n_texts`` random texts of
-    ``text_length`` entries drawn uniformly from the teacher's own tokenizer vocabulary. Client side: the
-    client sends only the histogram message."""
+    ``text_length`` entries drawn uniformly from the teacher's own tokenizer vocabulary, on ``device`` (the
+    predictions and their counts stay there until the end). Client side: the client sends only the
+    histogram message."""
     clf = TextClassifier.load(model_dir, device=device)
     texts = random_texts(vocabulary(clf.tokenizer), n_texts, text_length, rng=seed)
-    bias = probability_bias(lambda batch: clf.predict_proba(batch, batch_size=len(batch)), texts,
+    bias = probability_bias(lambda batch: clf.predict_proba_tensor(batch, batch_size=len(batch)), texts,
                             batch_size=batch_size, n_labels=len(clf.labels), description=f"bias {task}/{party}")
     b = bias.numpy()
     row = {"task": task, "party": party, **{label: float(v) for label, v in zip(clf.labels, b)},

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from otfed.data.parties import client_sets, n_classes_of, project_federation, server_split
 from otfed.data.store import load_federation
-from otfed.device import pin_torch_threads
+from otfed.device import stage_device, threads_for
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation
 from otfed.figures import valuation as figs
 from otfed.fl import FedAvgConfig, fedavg_accuracy
@@ -59,8 +59,8 @@ def check(p: Params) -> None:
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """One removal experiment per noisy federation (features projected as the params say)."""
-    # FedAvg trains on the CPU: concurrent tasks each use one torch thread (pinned once, for the stage)
-    pin_torch_threads(1)
+    # FedAvg runs on run.device; on CPU one torch thread per task (pinned once, for the stage)
+    device = stage_device(p.run.device)
     nr, seed = p.noisy_removal, p.run.seed
     out = []
     for name in nr.federations:
@@ -70,19 +70,21 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         out.append(Job(f"noisy-removal {name}", removal_experiment, dict(
             name=name, clients=client_sets(fed), noisy=[fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)],
             validation=validation, test=test, config=nr.fedbary, fedavg=nr.fedavg,
-            max_remove_fraction=nr.max_remove_fraction, seed=seed)))
+            max_remove_fraction=nr.max_remove_fraction, seed=seed, device=device)))
     return out
 
 
 def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.ndarray], validation: LabelledData,
                        test: tuple[np.ndarray, np.ndarray], config: FedBaryConfig, fedavg: FedAvgConfig,
-                       max_remove_fraction: float, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                       max_remove_fraction: float, seed: int,
+                       device: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """FedBary table 4 for one federation: FedBary with the server's validation set; every client drops
     the data it flags (calibrated gradient > 0; at most ``max_remove_fraction`` of its data, the largest
     values first); FedAvg on all data vs on what is kept, accuracy on the server's test set. For reference
     also FedAvg after dropping exactly the noisy data (oracle) and after dropping as many random data per
     client. ``noisy_in_top_noisy``: noisy data among each client's n_noisy largest values (a ranking score
-    that does not depend on the g > 0 threshold). Returns the table row and one row per client."""
+    that does not depend on the g > 0 threshold). FedAvg runs on ``device``. Returns the table row and one
+    row per client."""
     start = time.perf_counter()
     res = federated_valuation(clients, config, validation=validation, seed=seed, datum_values=True,
                               potential=config.potential)
@@ -110,7 +112,8 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
                                 contribution_percent=float(res.contributions[names.index(c.name)])))
     n_classes = n_classes_of(test[1], validation.y, *[c.y for c in clients])
     every = [(c.x, c.y) for c in clients]
-    acc = {key: fedavg_accuracy(sets, test, n_classes, fedavg, seed)
+    threads = threads_for(device)
+    acc = {key: fedavg_accuracy(sets, test, n_classes, fedavg, seed, device=device, num_threads=threads)
            for key, sets in (("before", every), ("after", kept), ("oracle", oracle), ("random", random_kept))}
     all_noisy = np.concatenate(noisy)
     removed = sum(r["removed"] for r in client_rows)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import typing
 from functools import cache
 from pathlib import Path
@@ -27,14 +28,34 @@ from stages.stage import Stage
 
 INFRASTRUCTURE = {"stage", "params", "layout"}  # modules of stages/ that are not stages
 
+# the ``run`` keys a stage's results depend on (its dvc.yaml params deps): task_runner, max_workers and
+# dask_address choose where tasks run, not what they compute (tests/integration/test_dask_runner.py checks
+# byte-identical outputs on every runner), so changing them does not make a stage stale
+RUN_RESULT_KEYS = ("run.seed", "run.device")
+
+# a Dask scheduler address: tcp://host:port (also tls://, ucx://, or host:port, which Dask reads as tcp://)
+DASK_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx)://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}$")
+
 
 class RunParams(Strict):
     """Settings shared by every stage."""
 
     seed: int = Field(0, ge=0, description="Global seed; the same params give the same numbers twice.")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N — where torch code runs.")
-    task_runner: Literal["thread", "sequential"] = "thread"
-    max_workers: int = Field(2, ge=1, le=256)
+    task_runner: Literal["thread", "sequential", "dask"] = Field(
+        "thread", description="How a stage's tasks run: threads of its process, one after another, or on a Dask "
+                              "cluster (flows/runners.py).")
+    max_workers: int = Field(2, ge=1, le=256, description="Threads (thread) or local Dask worker processes (dask).")
+    dask_address: str | None = Field(
+        None, description="dask only: a running scheduler (tcp://host:8786); null starts a local cluster of "
+                          "max_workers processes for each stage.")
+
+    @field_validator("dask_address")
+    @classmethod
+    def _dask_address(cls, v: str | None) -> str | None:
+        if v is None or DASK_ADDRESS.match(v):
+            return v
+        raise ValueError(f"must be a Dask scheduler address such as tcp://127.0.0.1:8786, or null (got {v!r})")
 
     @field_validator("device")
     @classmethod

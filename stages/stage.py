@@ -11,7 +11,9 @@ A stage module in ``stages/`` holds, in this order:
    no Prefect, no global state (files only under the staged output folders it is handed);
 4. :func:`report` — turns the job results (in job order) into tables, figures, nested variant runs and
    the headline metrics (returned; the runner writes ``metrics.json``); ``check(p)`` beside them when the
-   group names things in other groups (a federation, a task), raising ValueError naming the key;
+   group names things in other groups (a federation, a task), raising ValueError naming the key. Wall times
+   go into the tables as columns (:func:`timed`) and into figures through :meth:`Report.timing_figure`: the
+   runner keeps them out of the committed reports folder (:func:`committed_table`) and logs them to MLflow;
 5. ``STAGE`` — the :class:`Stage` record tying these together, and the ``__main__`` entry point that DVC
    calls (``python -m stages.<name>``), which hands the stage to the runner.
 
@@ -47,7 +49,8 @@ class Job:
 
 
 def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    """``fn(*args, **kwargs)`` and its wall time in seconds (the ``seconds`` columns of stage tables)."""
+    """``fn(*args, **kwargs)`` and its wall time in seconds (the ``seconds`` columns of stage tables: logged to
+    MLflow, left out of the committed reports — :func:`committed_table`)."""
     start = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, time.perf_counter() - start
@@ -62,14 +65,26 @@ class Variant(Protocol):
 
 
 class Report(Variant, Protocol):
-    """What a report step writes through: files in the staged reports folder, logged as they are written."""
+    """What a report step writes through: files in the staged reports folder, logged as they are written.
+
+    Everything written into the reports folder is committed (git, ``dvc.lock``) and must come out byte for byte
+    the same on every rerun: nothing that measures the run itself (wall times) goes there."""
 
     @property
     def out(self) -> Path: ...  # the (staged) reports folder of the stage
 
-    def table(self, frame: pd.DataFrame, name: str, markdown: bool = True) -> Path: ...
+    def table(self, frame: pd.DataFrame, name: str, markdown: bool = True) -> Path:
+        """Write ``frame`` as ``name`` (CSV, and a Markdown twin) as :func:`committed_table` has it — no
+        wall-time column, floats to :data:`COMMITTED_DIGITS` digits; the full table goes to the tracking run."""
+        ...
 
-    def figure(self, fig: Any, name: str) -> Path: ...
+    def figure(self, fig: Any, name: str) -> Path:
+        """Write a figure of results (never of wall times) as ``name`` (PNG)."""
+        ...
+
+    def timing_figure(self, fig: Any, name: str) -> None:
+        """Log a figure that plots wall times to the tracking run only: never written into the reports folder."""
+        ...
 
     def artifact(self, path: str | Path) -> None: ...
 
@@ -121,11 +136,45 @@ WALL_TIME_WORDS = frozenset({"seconds", "second", "secs", "sec", "ms", "millisec
                              "timing", "elapsed", "duration", "runtime", "walltime"})
 
 
-def is_wall_time(path: Iterable[str]) -> bool:
+def is_wall_time(path: Iterable[Any]) -> bool:
     """Whether a metric at ``path`` (its keys from the root) is a wall time: one of its keys contains a word
     of :data:`WALL_TIME_WORDS` (``seconds``, ``fedbary_seconds``, ``seconds_exact_ot_total``, ``wall_time``;
     not ``rel_error`` or ``convergence_gap_d2_approx_S300_t0.5``)."""
     return any(word in WALL_TIME_WORDS for key in path for word in re.split(r"[^0-9a-z]+", str(key).lower()))
+
+
+def wall_time_columns(columns: Iterable[Any]) -> list[Any]:
+    """The columns of a table that are wall times: :func:`is_wall_time` of the column name (``seconds``,
+    ``fedbary_seconds``, ``seconds_exact``; not ``rel_error``), in table order."""
+    return [c for c in columns if is_wall_time((c,))]
+
+
+# -------------------------------------------------------------------------------- committed outputs
+# significant digits of the floats in committed outputs (tables, metrics.json). The last digits of a float
+# computed with BLAS depend on the machine's kernels and threads: two `dvc repro` runs of the same fed_distance
+# code (commits 24dd300, 108eb8d) differed by up to 3e-13 (relative) in 79 values, in none at 10 digits;
+# 10 digits keep far more than any result here means.
+COMMITTED_DIGITS = 10
+
+
+def committed_number(value: float, digits: int = COMMITTED_DIGITS) -> float:
+    """``value`` rounded to ``digits`` significant digits (NaN and ±inf unchanged): the float whose shortest
+    repr has at most ``digits`` digits. Idempotent."""
+    return float(format(float(value), f".{digits}g"))
+
+
+def committed_table(frame: pd.DataFrame, digits: int = COMMITTED_DIGITS) -> pd.DataFrame:
+    """What a stage commits of a table (``reports/<stage>/<name>.csv`` and its Markdown twin): ``frame``
+    without its wall-time columns (:func:`wall_time_columns`; they go to MLflow only) and with its float
+    columns rounded by :func:`committed_number`, so that a rerun writes the same bytes (the last-digit noise
+    of BLAS kernels and threads does not reach the file). Pure."""
+    keep = [i for i, c in enumerate(frame.columns) if not is_wall_time((c,))]
+    out = frame.iloc[:, keep].copy()
+    for i in range(out.shape[1]):
+        col = out.iloc[:, i]
+        if col.dtype.kind == "f":
+            out.isetitem(i, col.map(lambda v: committed_number(v, digits), na_action="ignore").astype(col.dtype))
+    return out
 
 
 def key_matches(path: tuple[str, ...], pattern: str) -> bool:
@@ -153,7 +202,8 @@ def headline_metrics(metrics: Mapping[str, Any], patterns: Iterable[str] = ()) -
     """The headline subset of a stage's nested metrics dict (what ``metrics.json`` — ``dvc metrics show`` —
     holds; the full dict goes to MLflow): every leaf whose key path matches one of the dotted ``patterns``
     (:func:`key_matches`), or every leaf when there are none; wall times (:func:`is_wall_time`) are never
-    selected. Same nesting and key order as ``metrics``; inner dicts left empty are dropped. Pure."""
+    selected, floats are rounded by :func:`committed_number` (reproducible digits). Same nesting and key
+    order as ``metrics``; inner dicts left empty are dropped. Pure."""
     patterns = tuple(patterns)
 
     def select(node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
@@ -167,7 +217,7 @@ def headline_metrics(metrics: Mapping[str, Any], patterns: Iterable[str] = ()) -
                 if sub:
                     out[key] = sub
             elif not patterns or any(key_matches(here, p) for p in patterns):
-                out[key] = value
+                out[key] = committed_number(value) if isinstance(value, float) else value
         return out
 
     return select(metrics, ())

@@ -37,6 +37,16 @@ def mlflow_uri(migrated_mlflow_db: Path, tmp_path: Path, monkeypatch: pytest.Mon
     return uri
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` need CUDA: skipped where torch sees no GPU (CPU CI); ``bench/gpu_check.sh`` runs them."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def single_torch_thread():
     threads = torch.get_num_threads()

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from otfed.device import pin_torch_threads, resolve_device, stage_device, torch_threads
+from otfed.device import pin_torch_threads, resolve_device, stage_device, threads_for, to_device, torch_threads
 from otfed.models import resolve_device as torch_device
 
 
@@ -40,6 +40,18 @@ def test_stage_device_pins_one_thread_on_cpu_only(monkeypatch: pytest.MonkeyPatc
     torch.set_num_threads(2)
     assert stage_device("cuda:0") == "cuda:0"  # no GPU needed to name one; the CPU setting is left alone
     assert torch.get_num_threads() == 2
+
+
+def test_threads_for_is_one_on_cpu_and_torchs_own_setting_elsewhere() -> None:
+    for cpu in ("cpu", "cpu:0", torch.device("cpu")):
+        assert threads_for(cpu) == 1
+    for other in ("cuda", "cuda:1", torch.device("cuda", 0), "mps"):
+        assert threads_for(other) is None
+
+
+def test_to_device_on_the_cpu_is_a_plain_move() -> None:
+    t = torch.arange(5)
+    assert to_device(t, torch.device("cpu")) is t and to_device(t, "cpu") is t
 
 
 def test_torch_threads_sets_and_restores_the_previous_value() -> None:

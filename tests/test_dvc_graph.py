@@ -28,4 +28,4 @@ def test_every_stage_has_a_module_and_reads_its_params_group() -> None:
     for name, stage in stages.items():
         assert stage["cmd"] == f"python -m stages.{name}"
         assert (REPO / "stages" / f"{name}.py").is_file()
-        assert "run" in stage["params"] and name in stage["params"]
+        assert {"run.seed", "run.device", name} <= set(stage["params"])

@@ -43,14 +43,13 @@ def random_texts(
     return texts
 
 
-def _predicted_labels(scores) -> tuple[np.ndarray, int]:
-    """(argmax label per row, number of labels) of a batch of scores."""
-    if torch.is_tensor(scores):
-        scores = scores.detach().cpu().numpy()
-    scores = np.asarray(scores)
+def _predicted_labels(scores) -> tuple[torch.Tensor, int]:
+    """(argmax label per row, number of labels) of a batch of scores; a tensor's stay on its device."""
+    if not torch.is_tensor(scores):
+        scores = torch.as_tensor(np.asarray(scores))
     if scores.ndim != 2:
-        raise ValueError(f"predict_proba must return a (batch × labels) array, got shape {scores.shape}")
-    return scores.argmax(axis=1), scores.shape[1]
+        raise ValueError(f"predict_proba must return a (batch × labels) array, got shape {tuple(scores.shape)}")
+    return scores.detach().argmax(dim=1), scores.shape[1]
 
 
 def probability_bias(
@@ -66,16 +65,17 @@ def probability_bias(
 
     ``predict_proba`` maps a list of at most ``batch_size`` texts to a (batch × C) array or tensor of
     probabilities (logits work too: only the argmax is used). ``n_labels`` fixes C (default: the width
-    of the first batch's output). Returns a float64 tensor of length C that sums to 1 — plain
+    of the first batch's output). Returns a float64 tensor of length C (on the CPU) that sums to 1 — plain
     frequencies, without the +1 smoothing of the authors' code. Shows a tqdm progress bar per batch
-    unless ``progress=False``.
+    unless ``progress=False``. Counts are kept where the predictions are (a GPU tensor from
+    :meth:`otfed.models.TextClassifier.predict_proba_tensor` is never read back per batch) and read once.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
     texts = list(texts)
     if not texts:
         raise ValueError("no texts to estimate the probability bias from")
-    counts: np.ndarray | None = None if n_labels is None else np.zeros(n_labels, dtype=np.int64)
+    counts: torch.Tensor | None = None
     n_batches = (len(texts) + batch_size - 1) // batch_size
     for start in tqdm(range(0, len(texts), batch_size), total=n_batches, desc=description, unit="batch",
                       disable=not progress):
@@ -84,8 +84,10 @@ def probability_bias(
         if len(labels) != len(batch):
             raise ValueError(f"predict_proba returned {len(labels)} predictions for {len(batch)} texts")
         if counts is None:
-            counts = np.zeros(width, dtype=np.int64)
-        if width != counts.size:
-            raise ValueError(f"predict_proba returned {width} label scores, expected {counts.size}")
-        counts += np.bincount(labels, minlength=counts.size)
-    return torch.as_tensor(counts / counts.sum(), dtype=torch.float64)
+            counts = torch.zeros(width if n_labels is None else n_labels, dtype=torch.int64, device=labels.device)
+        if width != counts.numel():
+            raise ValueError(f"predict_proba returned {width} label scores, expected {counts.numel()}")
+        # Σ_rows one_hot(label): a bincount without torch.bincount's read-back of the largest label on a GPU
+        counts += (labels[:, None] == torch.arange(width, device=labels.device)).sum(0)
+    frequencies = counts.cpu().numpy()
+    return torch.as_tensor(frequencies / frequencies.sum(), dtype=torch.float64)

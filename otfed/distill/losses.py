@@ -59,8 +59,16 @@ def kl_histogram_loss(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (torch.xlogy(q, q) - torch.xlogy(q, p_b.clamp_min(floor))).sum(-1)
 
 
+def validate_weights(weights: torch.Tensor | Sequence[float]) -> None:
+    """Raise ValueError unless every teacher weight is finite and non-negative (reads the values: on a GPU,
+    a host sync)."""
+    w = torch.as_tensor(weights).detach()
+    if not torch.isfinite(w).all() or (w < 0).any():
+        raise ValueError("teacher weights must be finite and non-negative")
+
+
 def _checked_weights(
-    weights: torch.Tensor | Sequence[float] | None, B: int, K: int, like: torch.Tensor
+    weights: torch.Tensor | Sequence[float] | None, B: int, K: int, like: torch.Tensor, check_values: bool = True
 ) -> torch.Tensor:
     if weights is None:
         return torch.ones(B, K, dtype=like.dtype, device=like.device)
@@ -69,8 +77,8 @@ def _checked_weights(
         w = w.expand(B, K)
     if w.shape != (B, K):
         raise ValueError(f"weights must be K = {K} or B×K = {(B, K)}, got {tuple(w.shape)}")
-    if not torch.isfinite(w).all() or (w < 0).any():
-        raise ValueError("teacher weights must be finite and non-negative")
+    if check_values:
+        validate_weights(w)
     return w
 
 
@@ -84,6 +92,7 @@ def ensemble_loss(
     *,
     normalize: bool = True,
     reduction: str = "mean",
+    check_weights: bool = True,
     **sinkhorn_options: Any,
 ) -> torch.Tensor:
     """KNOT eq. 3 averaged over the batch: mean_b Σ_k W̄_bk T(h_θ(x_b), h_k(x_b)) (see module docstring).
@@ -99,6 +108,8 @@ def ensemble_loss(
       ``threads=None`` to solve with torch's intra-op thread setting instead of one thread); or "kl" —
       T = KL(h_k(x) || h_θ(x)), the "Entropy" baseline.
     - ``reduction``: "mean" (a scalar) or "none" (the B per-sample losses).
+    - ``check_weights``: raise ValueError on a negative or non-finite weight. Reading the values is a host
+      sync on a GPU: a training loop checks all its weights once (:func:`validate_weights`) and passes False.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown loss kind {kind!r}; allowed: {', '.join(KINDS)}")
@@ -121,7 +132,7 @@ def ensemble_loss(
         if sinkhorn_options:
             raise ValueError(f"options {sorted(sinkhorn_options)} apply to the sinkhorn loss only")
         discrepancy = kl_histogram_loss(student_probs, teacher_probs)
-    w = _checked_weights(weights, B, K, discrepancy)
+    w = _checked_weights(weights, B, K, discrepancy, check_values=check_weights)
     if normalize:
         w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
     per_sample = (w * discrepancy).sum(-1)

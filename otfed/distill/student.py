@@ -5,6 +5,14 @@ texts and a :class:`~otfed.distill.ensemble.TeacherEnsemble` built from client m
 eq. 3 — Σ_k W̄_k(h_k(x)) · T(h_θ(x), h_k(x)) averaged over mini-batches — with T the entropic OT cost on
 the label geometry ("Sinkhorn") or KL ("Entropy"). Teacher weights are computed once from the messages
 (:func:`ensemble_weights`); they depend on the teachers only, never on θ.
+
+**Device.** The loop runs where the student's parameters are. The teachers' predictions, the weights and the
+label cost go there once; a step indexes them there with the epoch's order (moved once per epoch), the
+tokenised batch is copied from pinned memory without blocking, the loss is summed there
+(:class:`otfed.models.training.EpochLoss`) and read once per epoch, and the weights are checked once, before
+the first step: a KL step never makes the host wait for the GPU. A Sinkhorn step still does, inside
+:mod:`otfed.ot.entropic_histograms` (input checks, the ε schedule's max cost, and the solver's active set and
+convergence flag are read back).
 """
 from __future__ import annotations
 
@@ -15,10 +23,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from otfed.distill.losses import ensemble_loss
+from otfed.device import threads_for, to_device
+from otfed.distill.losses import ensemble_loss, validate_weights
 from otfed.distill.weights import teacher_weights
 from otfed.distill.ensemble import TeacherEnsemble
-from otfed.models.training import seeded_dropout
+from otfed.models.training import EpochLoss, seeded_dropout
 
 
 def ensemble_weights(ensemble: TeacherEnsemble, weighting: str) -> np.ndarray:
@@ -65,13 +74,18 @@ def distill_student(
                          "need N texts, N×K×C predictions and N×K weights")
     if n == 0:
         raise ValueError("the transfer set is empty")
+    validate_weights(w)  # once, here: ensemble_loss then skips the check (a host sync per step on a GPU)
     model = student.model
     device = next(model.parameters()).device
+    probs, w = probs.to(device), w.to(device)  # the whole transfer set's teacher outputs: moved once
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)  # batches: no global RNG (stages run tasks in threads)
     dropout_generator = torch.Generator(device=device).manual_seed(seed + 1)
     features = student.pretokenize(texts)  # tokenise once
-    options = {} if kind == "kl" else {"cost": cost, "eps": eps, "n_iter": sinkhorn_iterations}
+    if torch.is_tensor(cost):
+        cost = cost.to(device)
+    options = {} if kind == "kl" else {"cost": cost, "eps": eps, "n_iter": sinkhorn_iterations,
+                                       "threads": threads_for(device)}
     history: list[dict[str, Any]] = []
     with seeded_dropout(model, dropout_generator):
         for epoch in range(1, epochs + 1):
@@ -86,24 +100,25 @@ def distill_student(
 
 
 def _epoch(student, features, probs, w, kind, options, optimizer, generator, batch_size, description, progress):
-    """One pass over the transfer set in shuffled mini-batches; returns {loss, seconds}."""
+    """One pass over the transfer set in shuffled mini-batches; returns {loss, seconds}. ``probs`` and ``w``
+    are on the student's device; nothing in a step waits for it (module docstring)."""
     start = time.perf_counter()
     n = len(features)
     n_batches = (n + batch_size - 1) // batch_size
     device = next(student.model.parameters()).device
     student.model.train()
     order = torch.randperm(n, generator=generator)
-    total, seen = 0.0, 0
+    rows, on_device = order.tolist(), to_device(order, device)  # texts picked on the host, teachers on the device
+    epoch_loss = EpochLoss()
     bar = tqdm(range(n_batches), desc=description, unit="batch", disable=not progress, leave=False)
     for b in bar:
-        idx = order[b * batch_size:(b + 1) * batch_size]
-        batch = student.collate([features[i] for i in idx.tolist()])
+        idx = on_device[b * batch_size:(b + 1) * batch_size]
+        batch = student.collate([features[i] for i in rows[b * batch_size:(b + 1) * batch_size]])
         student_probs = torch.softmax(student.logits(batch).float(), dim=-1)
-        loss = ensemble_loss(student_probs, probs[idx].to(device), w[idx].to(device), kind=kind, **options)
+        loss = ensemble_loss(student_probs, probs[idx], w[idx], kind=kind, check_weights=False, **options)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        total += float(loss.detach()) * len(idx)
-        seen += len(idx)
-        bar.set_postfix(loss=f"{total / seen:.4f}")
-    return {"loss": total / seen, "seconds": time.perf_counter() - start}
+        epoch_loss.add(loss, len(idx))
+        epoch_loss.show(bar)
+    return {"loss": epoch_loss.mean(), "seconds": time.perf_counter() - start}

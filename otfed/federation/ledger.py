@@ -33,6 +33,14 @@ class Ledger:
     entries: list[LedgerEntry] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __getstate__(self) -> dict:  # picklable (a result sent back from another process): not the lock
+        with self._lock:
+            return {"entries": list(self.entries)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.entries = state["entries"]
+        self._lock = threading.Lock()
+
     def record(self, message: Message, round: int, session: str = "") -> None:
         entry = LedgerEntry(session, round, message.kind, message.sender, message.receiver,
                             message.payload_type, tuple(message.shape), int(message.nbytes))

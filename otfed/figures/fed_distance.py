@@ -14,29 +14,41 @@ METHOD_STYLE = {"exact_ot": ("black", "-"), "fedwad_approx": ("tab:blue", "-"),
                 "fedwad_exact_interp": ("tab:orange", "--")}
 
 
-def toy_figure(rows: pd.DataFrame) -> plt.Figure:
-    """FedWaD fig. 2: running time and relative error vs n, one row of panels per (d, ratio)."""
-    combos = rows[["dim", "ratio"]].drop_duplicates().sort_values(["dim", "ratio"]).itertuples(index=False)
-    combos = list(combos)
-    fig, axes = plt.subplots(len(combos), 2, figsize=(11, 3.3 * len(combos)), squeeze=False)
+def toy_error_figure(rows: pd.DataFrame) -> plt.Figure:
+    """FedWaD fig. 2 (relative error): |estimate − W| / W vs n of every FedWaD variant, one panel per
+    (d, ratio). ``rows``: the toy table (method, dim, ratio, n, support, rel_error), mean over repeats."""
+    return _toy_panels(rows[rows.method != "exact_ot"], "rel_error", "|est − W| / W", "relative error", floor=1e-8)
+
+
+def toy_time_figure(rows: pd.DataFrame) -> plt.Figure:
+    """FedWaD fig. 2 (running time): wall time vs n of the exact W and every FedWaD variant, one panel per
+    (d, ratio). ``rows``: the toy table with its ``seconds`` column, mean over repeats. Wall times differ on
+    every run (and machine): keep this figure apart from the reproducible ones."""
+    return _toy_panels(rows, "seconds", "time (s)", "running time")
+
+
+def _toy_panels(rows: pd.DataFrame, column: str, ylabel: str, what: str, floor: float | None = None) -> plt.Figure:
+    """``column`` vs n (log-log), one line per method × support, one panel per (d, ratio), two per row."""
+    combos = list(rows[["dim", "ratio"]].drop_duplicates().sort_values(["dim", "ratio"]).itertuples(index=False))
+    ncols = max(min(2, len(combos)), 1)
+    nrows = max(-(-len(combos) // ncols), 1)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 3.3 * nrows), squeeze=False)
     rows = rows.assign(support=rows.support.where(rows.method != "fedwad_exact_interp", -1))
-    agg = rows.groupby(["method", "dim", "ratio", "n", "support"], as_index=False)[["seconds", "rel_error"]].mean()
-    for r, (dim, ratio) in enumerate(combos):
+    agg = rows.groupby(["method", "dim", "ratio", "n", "support"], as_index=False)[column].mean()
+    for ax, (dim, ratio) in zip(axes.flat, combos):
         sub = agg[(agg.dim == dim) & (agg.ratio == ratio)]
         for (method, support), line in sub.groupby(["method", "support"]):
             color, ls = METHOD_STYLE.get(method, ("gray", ":"))
             label = {"exact_ot": "exact W (POT)", "fedwad_exact_interp": "FedWaD exact interp. (S=n)"}.get(
                 method, f"FedWaD approx S={support}")
             alpha = 0.4 + 0.6 * (np.log10(support) / 2.0 if support > 0 else 1.0)
-            axes[r, 0].plot(line.n, line.seconds, color=color, ls=ls, marker="o", ms=3, alpha=min(alpha, 1), label=label)
-            if method != "exact_ot":
-                axes[r, 1].plot(line.n, line.rel_error.clip(lower=1e-8), color=color, ls=ls, marker="o", ms=3,
-                                alpha=min(alpha, 1), label=label)
-        axes[r, 0].set(xscale="log", yscale="log", xlabel="n (samples of μ)", ylabel="time (s)",
-                       title=f"d={dim}, ratio 1:{ratio} — running time")
-        axes[r, 1].set(xscale="log", yscale="log", xlabel="n (samples of μ)", ylabel="|est − W| / W",
-                       title=f"d={dim}, ratio 1:{ratio} — relative error")
-        axes[r, 0].legend(fontsize=7)
+            values = line[column] if floor is None else line[column].clip(lower=floor)
+            ax.plot(line.n, values, color=color, ls=ls, marker="o", ms=3, alpha=min(alpha, 1), label=label)
+        ax.set(xscale="log", yscale="log", xlabel="n (samples of μ)", ylabel=ylabel,
+               title=f"d={dim}, ratio 1:{ratio} — {what}")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(combos):]:
+        ax.set_axis_off()
     fig.tight_layout()
     return fig
 

@@ -13,6 +13,13 @@ read back from the state's shapes, so states are all that clients and server exc
   the paper, any non-negative weights here).
 - :func:`evaluate` — accuracy.
 - :func:`fedavg` — the loop: every round each client starts from the global state, the server averages.
+
+**Devices.** Every function takes ``device`` (``"cpu"``, ``"cuda"``, …; a stage passes
+:func:`otfed.device.stage_device` of ``run.device``) and ``num_threads`` (torch CPU threads while it runs;
+:func:`otfed.device.threads_for` gives 1 on CPU, None elsewhere). :func:`fedavg` moves each client's data
+and the state to the device once and keeps them there for all rounds (local updates and aggregation run
+on the device); only the final state comes back (on CPU) and, when asked for, one accuracy per round.
+Mini-batch orders are drawn from a CPU generator, so the same seed gives the same batches on any device.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ from torch import nn
 
 from pydantic import Field
 
-from otfed.device import torch_threads
+from otfed.device import to_device, torch_threads
 from otfed.schema import PositiveInt, Strict
 
 State = dict[str, torch.Tensor]
@@ -76,16 +83,23 @@ def _sizes(state: State) -> list[int]:
 
 
 def build_model(state: State, device: str | torch.device = "cpu") -> FeedForward:
-    """The module whose ``state_dict`` is ``state`` (architecture read from the weight shapes)."""
-    model = FeedForward(_sizes(state))
-    first = state["layers.0.weight"]
-    model = model.to(device=device, dtype=first.dtype)
+    """The module whose ``state_dict`` is ``state`` (architecture read from the weight shapes), on ``device``.
+    Its parameters are allocated there and filled from ``state`` (no initialisation drawn and copied over
+    first: no global RNG draw, and no host-to-GPU copy that would wait for the GPU)."""
+    with torch.device("meta"):
+        model = FeedForward(_sizes(state))
+    model = model.to(dtype=state["layers.0.weight"].dtype).to_empty(device=device)
     model.load_state_dict(state)
     return model
 
 
-def _detached(model: nn.Module) -> State:
-    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+def _state_of(model: nn.Module) -> State:
+    """A copy of the module's state, on the module's device."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _on_cpu(state: State) -> State:
+    return {k: v.to("cpu") for k, v in state.items()}
 
 
 def init_state(n_features: int, n_classes: int, hidden: Sequence[int] = (), seed: int = 0,
@@ -106,7 +120,7 @@ def init_state(n_features: int, n_classes: int, hidden: Sequence[int] = (), seed
                 layer.weight.uniform_(-bound, bound, generator=generator)
                 if layer.bias is not None:
                     layer.bias.uniform_(-bound, bound, generator=generator)
-    return _detached(model)
+    return _state_of(model)
 
 
 def _tensors(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor, dtype: torch.dtype,
@@ -123,19 +137,25 @@ def client_update(state: State, data: tuple[np.ndarray, np.ndarray], epochs: int
                   num_threads: int | None = 1) -> State:
     """ClientUpdate of FedAvg (McMahan et al. 2017, alg. 1): ``epochs`` passes of plain SGD with step
     ``lr`` on the mean cross-entropy of mini-batches (shuffled by ``seed``; the whole data set as one
-    batch when ``batch_size`` is None). Pure: returns a new state (on CPU), ``state`` is not modified.
-    ``num_threads``: torch CPU threads while training (:func:`otfed.device.torch_threads`; None leaves torch's)."""
+    batch when ``batch_size`` is None), on ``device``. Pure: returns a new state (on CPU), ``state`` is not
+    modified. ``num_threads``: torch CPU threads while training (:func:`otfed.device.torch_threads`; None
+    leaves torch's)."""
     with torch_threads(num_threads):
-        return _client_update(state, data, epochs, lr, seed, batch_size, device)
+        dtype = state["layers.0.weight"].dtype
+        return _on_cpu(_client_update(state, _tensors(*data, dtype=dtype, device=device), epochs, lr, seed,
+                                      batch_size, device))
 
 
-def _client_update(state: State, data: tuple[np.ndarray, np.ndarray], epochs: int, lr: float, seed: int,
+def _client_update(state: State, data: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float, seed: int,
                    batch_size: int | None, device: str | torch.device) -> State:
+    """:func:`client_update` on data already on ``device`` (:func:`_tensors`); the new state stays there.
+
+    No host round trip per step: the mini-batch orders of all epochs are drawn first (CPU generator, in the
+    order one epoch after the other would draw them) and moved to the device in one copy."""
     if epochs < 0 or not lr > 0:
         raise ValueError(f"need epochs ≥ 0 and lr > 0, got {epochs}, {lr}")
     model = build_model(state, device)
-    dtype = state["layers.0.weight"].dtype
-    x, y = _tensors(*data, dtype=dtype, device=device)
+    x, y = data
     n = x.shape[0]
     if n == 0:
         raise ValueError("client has no samples")
@@ -144,14 +164,18 @@ def _client_update(state: State, data: tuple[np.ndarray, np.ndarray], epochs: in
     loss_fn = nn.CrossEntropyLoss()
     bs = n if batch_size is None else int(batch_size)
     model.train()
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=generator).to(device) if bs < n else torch.arange(n, device=device)
+    if bs < n and epochs > 0:
+        orders = to_device(torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)]), device)
+    else:
+        orders = torch.arange(n, device=device).expand(max(epochs, 1), n)
+    for epoch in range(epochs):
+        order = orders[epoch]
         for start in range(0, n, bs):
             idx = order[start:start + bs]
             optimiser.zero_grad()
             loss_fn(model(x[idx]), y[idx]).backward()
             optimiser.step()
-    return _detached(model)
+    return _state_of(model)
 
 
 def server_aggregate(states: Sequence[State], weights: Sequence[float]) -> State:
@@ -210,29 +234,36 @@ def fedavg(clients: Sequence[tuple[np.ndarray, np.ndarray]], state: State, round
            num_threads: int | None = 1) -> FedAvgResult:
     """FedAvg with full participation: each round every client runs :func:`client_update` from the global
     state (client k, round r seeded by (seed, r, k)), the server aggregates with ``weights`` (default:
-    client sizes n_k)."""
+    client sizes n_k). Data and states stay on ``device`` for all rounds (module docstring); the returned
+    state is on CPU."""
     if not clients:
         raise ValueError("FedAvg needs at least one client")
     w = [len(c[1]) for c in clients] if weights is None else list(weights)
+    dtype = state["layers.0.weight"].dtype
     accuracy: list[float] = []
-    for r in range(rounds):
-        local = [client_update(state, data, epochs, lr,
-                               seed=int(np.random.SeedSequence([seed, r, k]).generate_state(1)[0]),
-                               batch_size=batch_size, device=device, num_threads=num_threads)
-                 for k, data in enumerate(clients)]
-        state = server_aggregate(local, w)
-        if eval_data is not None:
-            accuracy.append(evaluate(state, *eval_data, device=device, num_threads=num_threads))
-    return FedAvgResult(state=state, accuracy=accuracy)
+    with torch_threads(num_threads):
+        data = [_tensors(*c, dtype=dtype, device=device) for c in clients]  # moved to the device once
+        state = {k: v.to(device) for k, v in state.items()}
+        for r in range(rounds):
+            local = [_client_update(state, d, epochs, lr,
+                                    seed=int(np.random.SeedSequence([seed, r, k]).generate_state(1)[0]),
+                                    batch_size=batch_size, device=device)
+                     for k, d in enumerate(data)]
+            state = server_aggregate(local, w)
+            if eval_data is not None:
+                accuracy.append(evaluate(state, *eval_data, device=device, num_threads=None))
+    return FedAvgResult(state=_on_cpu(state), accuracy=accuracy)
 
 
 def fedavg_accuracy(clients: Sequence[tuple[np.ndarray, np.ndarray]], eval_data: tuple[np.ndarray, np.ndarray],
-                    n_classes: int, config: FedAvgConfig, seed: int) -> float:
+                    n_classes: int, config: FedAvgConfig, seed: int, device: str | torch.device = "cpu",
+                    num_threads: int | None = 1) -> float:
     """Accuracy on ``eval_data`` of :func:`fedavg` (McMahan et al. 2017, alg. 1) over ``clients`` with the
     ``config`` settings, from the state :func:`init_state` draws with ``seed``; no clients → the initial
-    model's accuracy. The utility of FedBary §5.1's client-level games and the score of its table 4."""
+    model's accuracy. The utility of FedBary §5.1's client-level games and the score of its table 4.
+    ``device`` / ``num_threads``: where and with how many torch CPU threads FedAvg runs (module docstring)."""
     state = init_state(eval_data[0].shape[1], n_classes, hidden=config.hidden, seed=seed)
     if clients:
         state = fedavg(clients, state, rounds=config.rounds, epochs=config.epochs, lr=config.lr, seed=seed,
-                       batch_size=config.batch_size).state
-    return evaluate(state, *eval_data)
+                       batch_size=config.batch_size, device=device, num_threads=num_threads).state
+    return evaluate(state, *eval_data, device=device, num_threads=num_threads)

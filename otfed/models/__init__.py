@@ -12,8 +12,8 @@ Public names (implementation modules in parentheses):
 - ``ModelSpec``, ``MODEL_KINDS`` — the architecture: "bert", "distilbert" or "checkpoint"; also the
   ``train_teachers.model`` params group                                                        (text)
 - ``Text`` — one input: a string or a (first, second) pair such as NLI's premise/hypothesis  (text)
-- ``TextClassifier`` — tokenizer + model + max_length: ``encode``, ``logits``, ``predict_proba``,
-  ``save`` / ``load``                                                                          (text)
+- ``TextClassifier`` — tokenizer + model + max_length: ``encode``, ``logits``, ``predict_proba``
+  (``predict_proba_tensor``: the same, left on the model's device), ``save`` / ``load``          (text)
 - ``build_classifier`` — a fresh seeded classifier for a spec                                  (text)
 - ``TrainingConfig``, ``train_classifier``, ``TrainResult``, ``predict_labels`` — cross-entropy training
   with early stopping on validation macro-F1 (``TrainingConfig`` is also the

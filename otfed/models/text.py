@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from otfed.errors import ConfigError, DataFileError
 from otfed.io import staged_directory, write_json
-from otfed.device import resolve_device as resolve_device_name
+from otfed.device import resolve_device as resolve_device_name, to_device
 from otfed.models.tokenizer import train_wordpiece
 from otfed.schema import Strict
 
@@ -111,7 +111,9 @@ class TextClassifier:
 
     ``labels`` names the C output columns in order. :meth:`logits` is differentiable (the caller sets
     train/eval mode); :meth:`predict_proba` runs in eval mode without gradients. Tokenisation is
-    guarded by a lock, so threads may share one classifier for prediction.
+    guarded by a lock, so threads may share one classifier for prediction. Batches go to the model's
+    device without blocking (:func:`otfed.device.to_device`); :meth:`predict_proba` reads the probabilities back once,
+    not per batch, and :meth:`predict_proba_tensor` leaves them on the device.
     """
 
     def __init__(self, model: nn.Module, tokenizer, labels: Sequence[str], max_length: int,
@@ -197,7 +199,7 @@ class TextClassifier:
             batch["attention_mask"] = (positions >= longest - lengths[:, None] if left
                                        else positions < lengths[:, None]).long()
         device = self.device
-        return {k: v.to(device) for k, v in batch.items()}
+        return {k: to_device(v, device) for k, v in batch.items()}
 
     def encode(self, texts: Sequence[Text]) -> dict[str, torch.Tensor]:
         """Tokenise ``texts`` into one batch: padded to the longest text, truncated to ``max_length``,
@@ -221,23 +223,39 @@ class TextClassifier:
     def predict_proba_features(self, features: Sequence[dict[str, list[int]]], batch_size: int = 128,
                                progress: bool = False, description: str = "predict") -> np.ndarray:
         """:meth:`predict_proba` of already :meth:`pretokenize`-d texts."""
+        return self._probabilities(features, batch_size, progress, description).cpu().numpy()
+
+    def predict_proba_tensor(self, texts: Sequence[Text], batch_size: int = 128, progress: bool = False,
+                             description: str = "predict") -> torch.Tensor:
+        """:meth:`predict_proba` as an N×C float64 tensor on the model's device. The batches' probabilities
+        stay on the device (not read back per batch), so a caller that reduces them there — the probability
+        bias — reads back only its result. (In eval mode ``transformers``' SDPA attention still reads the
+        padding mask back once per forward, to decide whether it may drop the mask.)"""
+        return self._probabilities(self.pretokenize(texts), batch_size, progress, description)
+
+    def _probabilities(self, features: Sequence[dict[str, list[int]]], batch_size: int, progress: bool,
+                       description: str) -> torch.Tensor:
+        """Softmax probabilities (float64, on the model's device, input order) of pretokenised texts, batched
+        in order of length; one copy back to input order at the end."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-        out = np.empty((len(features), self.n_labels), dtype=np.float64)
         if not features:
-            return out
+            return torch.empty((0, self.n_labels), dtype=torch.float64, device=self.device)
         order = np.argsort([len(f["input_ids"]) for f in features], kind="stable")
         was_training = self.model.training
         self.model.eval()
+        parts = []
         try:
             with torch.no_grad():
                 starts = range(0, len(order), batch_size)
                 for start in tqdm(starts, total=len(starts), desc=description, unit="batch", disable=not progress):
-                    idx = order[start:start + batch_size]
-                    logits = self.logits(self.collate([features[i] for i in idx]))
-                    out[idx] = torch.softmax(logits.double(), dim=-1).cpu().numpy()
+                    logits = self.logits(self.collate([features[i] for i in order[start:start + batch_size]]))
+                    parts.append(torch.softmax(logits.double(), dim=-1))
         finally:
             self.model.train(was_training)
+        sorted_probs = torch.cat(parts)
+        out = torch.empty_like(sorted_probs)
+        out[to_device(torch.as_tensor(order), out.device)] = sorted_probs  # back to input order
         return out
 
     # ------------------------------------------------------------------------------------ persistence

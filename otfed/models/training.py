@@ -13,6 +13,15 @@ dropout — ``nn.Dropout`` modules and the attention-probability dropout of mode
 generator too while :func:`seeded_dropout` is active. The same seed therefore gives identical weights
 on CPU whatever other threads do. (Attention dropout of a causal/decoder checkpoint, or of an
 architecture outside the attention interface, still draws from the global RNG.)
+
+**Device.** Training runs where the classifier's parameters are (a stage puts them on ``run.device``). A step
+does not wait for the GPU: the epoch's order is drawn on the host (the texts are picked there) and moved to
+the device once per epoch to index the targets, batches are copied from pinned memory without blocking
+(:func:`otfed.device.to_device`), the loss is summed on the device (:class:`EpochLoss`) and read once
+per epoch, and the seeded attention's mask is built on a GPU instead of asking the host whether it could be
+skipped. ``tests/gpu`` runs a teacher epoch (BERT, seeded dropout) under ``torch.cuda.set_sync_debug_mode
+("error")`` to hold it so. Evaluation batches still sync once per forward, inside ``transformers``: its SDPA
+attention reads the padding mask back to decide whether it may drop it.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ from tqdm.auto import tqdm
 
 from otfed.errors import DegenerateClientError
 from otfed.metrics import accuracy, macro_f1
+from otfed.device import to_device
 from otfed.models.text import TextClassifier
 from otfed.schema import Strict
 
@@ -96,8 +106,17 @@ def _register_seeded_attention() -> None:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
         from transformers.modeling_utils import AttentionInterface
 
+        def seeded_mask(*args, allow_is_bidirectional_skip: bool = False, device="cpu", **kwargs):
+            """SDPA's boolean mask. On a GPU it is always built: deciding to skip an all-ones mask reads
+            the padding mask back to the host (``padding_mask.all()``), a GPU sync in every forward, and the
+            seeded attention applies the mask itself (an all-ones mask changes no score). On CPU: as SDPA."""
+            if torch.device(device).type == "cuda":
+                allow_is_bidirectional_skip = False
+            return sdpa_mask(*args, allow_is_bidirectional_skip=allow_is_bidirectional_skip, device=device,
+                             **kwargs)
+
         AttentionInterface.register(SEEDED_ATTENTION, _seeded_attention)
-        AttentionMaskInterface.register(SEEDED_ATTENTION, sdpa_mask)
+        AttentionMaskInterface.register(SEEDED_ATTENTION, seeded_mask)
         _registered = True
 
 
@@ -136,6 +155,41 @@ def seeded_dropout(model: nn.Module, generator: torch.Generator) -> Iterator[nn.
         for parent, name, original in swapped:
             original.train(getattr(parent, name).training)
             setattr(parent, name, original)
+
+
+# ---------------------------------------------------------------------------------- epoch loss
+class EpochLoss:
+    """Σ_b loss_b · |B_b| over an epoch's mini-batches, kept on the loss's device in float64 so that a
+    training step never waits for the GPU (``float(loss)`` per step would); :meth:`mean` reads it back once.
+
+    The sum is exactly the host sum it replaces — each float32 loss widened to float64, multiplied by the
+    batch size and added in float64, in batch order — so the logged epoch losses are unchanged.
+    :meth:`show` puts the running mean in a progress bar's postfix at most every ``interval`` seconds
+    (one host sync each time), and not at all when the bar is disabled.
+    """
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self._sum: torch.Tensor | None = None
+        self.seen = 0
+        self.interval = interval
+        self._shown = time.monotonic()
+
+    def add(self, loss: torch.Tensor, size: int) -> None:
+        term = loss.detach().to(torch.float64) * size
+        self._sum = term if self._sum is None else self._sum + term
+        self.seen += size
+
+    def mean(self) -> float:
+        """Σ loss·|B| / Σ |B| (a host sync)."""
+        if self._sum is None:
+            raise ValueError("no batch was added")
+        return float(self._sum) / self.seen
+
+    def show(self, bar) -> None:
+        if getattr(bar, "disable", True) or self._sum is None or time.monotonic() - self._shown < self.interval:
+            return
+        bar.set_postfix(loss=f"{self.mean():.4f}")
+        self._shown = time.monotonic()
 
 
 # --------------------------------------------------------------------------------------- training
@@ -235,28 +289,13 @@ def train_classifier(
 
     history: list[dict] = []
     best_score, best_epoch, best_state, since_best = -np.inf, 0, None, 0
-    n = len(features)
-    n_batches = (n + batch_size - 1) // batch_size
     with seeded_dropout(clf.model, dropout_rng):
         for epoch in range(1, epochs + 1):
             start_time = time.perf_counter()
-            clf.model.train()
-            order = torch.randperm(n, generator=order_rng).tolist()
-            loss_sum = 0.0
-            bar = tqdm(range(0, n, batch_size), total=n_batches, unit="batch", leave=False, disable=not progress,
-                       desc=f"{name} epoch {epoch}/{epochs}")
-            for start in bar:
-                idx = order[start:start + batch_size]
-                logits = clf.logits(clf.collate([features[i] for i in idx]))
-                loss = F.cross_entropy(logits, targets[idx])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += float(loss.detach()) * len(idx)
-                bar.set_postfix(loss=f"{loss_sum / min(start + batch_size, n):.4f}")
-            bar.close()
+            epoch_loss = _train_epoch(clf, features, targets, order_rng, optimizer, batch_size,
+                                      f"{name} epoch {epoch}/{epochs}", progress)
             probs = clf.predict_proba_features(val_features, batch_size=eval_batch_size)
-            record = {"epoch": epoch, "train_loss": loss_sum / n,
+            record = {"epoch": epoch, "train_loss": epoch_loss.mean(),
                       "val_macro_f1": macro_f1(y_val, probs, n_labels=clf.n_labels),
                       "val_accuracy": accuracy(y_val, probs),
                       "seconds": time.perf_counter() - start_time}
@@ -273,6 +312,31 @@ def train_classifier(
     clf.model.load_state_dict(best_state)
     clf.model.eval()
     return TrainResult(best_epoch=best_epoch, best_score=float(best_score), history=history)
+
+
+def _train_epoch(clf: TextClassifier, features: Sequence[dict], targets: torch.Tensor, order_rng: torch.Generator,
+                 optimizer: torch.optim.Optimizer, batch_size: int, description: str, progress: bool) -> EpochLoss:
+    """One pass of cross-entropy steps over shuffled mini-batches (order from ``order_rng``); returns the summed
+    loss, still on the device. Nothing in it waits for a GPU (module docstring): the order is moved to the
+    device once, to index ``targets`` (on the device) there, while the texts are picked on the host."""
+    n = len(features)
+    clf.model.train()
+    order = torch.randperm(n, generator=order_rng)
+    rows, on_device = order.tolist(), to_device(order, targets.device)
+    epoch_loss = EpochLoss()
+    bar = tqdm(range(0, n, batch_size), total=(n + batch_size - 1) // batch_size, unit="batch", leave=False,
+               disable=not progress, desc=description)
+    for start in bar:
+        idx = rows[start:start + batch_size]
+        logits = clf.logits(clf.collate([features[i] for i in idx]))
+        loss = F.cross_entropy(logits, targets[on_device[start:start + batch_size]])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        epoch_loss.add(loss, len(idx))
+        epoch_loss.show(bar)
+    bar.close()
+    return epoch_loss
 
 
 def predict_labels(clf: TextClassifier, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:

@@ -13,21 +13,24 @@ from typing import Sequence
 import numpy as np
 
 from otfed.data.parties import n_classes_of
+from otfed.device import threads_for
 from otfed.fl.fedavg import FedAvgConfig, fedavg_accuracy
 from otfed.ot.otdd import LabelledData
 from otfed.valuation.baselines import Utility, ValuationData
 
 
 def fedavg_utility(clients: Sequence[LabelledData], validation: LabelledData, config: FedAvgConfig,
-                   seed: int) -> Utility:
+                   seed: int, device: str = "cpu") -> Utility:
     """The client-level cooperative game of FedBary §5.1: u(S) = validation accuracy of FedAvg
-    (:func:`~otfed.fl.fedavg.fedavg_accuracy`, ``config``, seeded by ``seed``) trained on the clients in S
-    (players = rows 0..N−1 of the ValuationData); u(∅) = the initial model's accuracy."""
+    (:func:`~otfed.fl.fedavg.fedavg_accuracy`, ``config``, seeded by ``seed``, on ``device`` — one torch
+    thread on CPU, :func:`otfed.device.threads_for`) trained on the clients in S (players = rows 0..N−1 of
+    the ValuationData); u(∅) = the initial model's accuracy."""
     n_classes = n_classes_of(validation.y, *[c.y for c in clients])
 
     def utility(data: ValuationData, coalition: np.ndarray) -> float:
         members = [(clients[int(i)].x, clients[int(i)].y) for i in np.sort(coalition)]
-        return fedavg_accuracy(members, (validation.x, validation.y), n_classes, config, seed)
+        return fedavg_accuracy(members, (validation.x, validation.y), n_classes, config, seed, device=device,
+                               num_threads=threads_for(device))
 
     return utility
 

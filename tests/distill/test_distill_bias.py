@@ -55,3 +55,21 @@ def test_bias_rejects_inconsistent_classifiers():
         probability_bias(lambda b: np.zeros((2, 3)), texts, progress=False)
     with pytest.raises(ValueError, match="no texts"):
         probability_bias(lambda b: np.zeros((len(b), 3)), [], progress=False)
+
+
+def test_tensor_and_array_predictions_count_alike():
+    """Counts kept next to tensor predictions (no read-back per batch) equal np.bincount of the argmaxes."""
+    texts = [f"text {i}" for i in range(37)]
+    scores = np.random.default_rng(2).random((37, 4))
+    lookup = {t: i for i, t in enumerate(texts)}
+
+    def as_array(batch):
+        return scores[[lookup[t] for t in batch]]
+
+    expected = np.bincount(scores.argmax(1), minlength=4) / 37
+    from_array = probability_bias(as_array, texts, batch_size=5, progress=False)
+    from_tensor = probability_bias(lambda b: torch.as_tensor(as_array(b)), texts, batch_size=5, progress=False)
+    assert from_array.dtype == from_tensor.dtype == torch.float64
+    assert from_array.tolist() == from_tensor.tolist() == expected.tolist()
+    with pytest.raises(ValueError, match="expected 5"):
+        probability_bias(lambda b: torch.as_tensor(as_array(b)), texts, n_labels=5, progress=False)

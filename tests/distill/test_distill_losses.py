@@ -124,3 +124,18 @@ def test_bad_arguments_are_named():
         ensemble_loss(student, teachers, weights[:, :2], kind="kl")
     with pytest.raises(ValueError, match="non-negative"):
         ensemble_loss(student, teachers, -weights, kind="kl")
+
+
+def test_unchecked_weights_give_the_checked_value_and_the_check_stands_alone():
+    """check_weights=False (a training loop that validated its weights once) changes nothing but the check."""
+    from otfed.distill.losses import validate_weights
+
+    student, teachers, weights = _batch(5)
+    checked = ensemble_loss(student, teachers, weights, kind="kl")
+    assert float(ensemble_loss(student, teachers, weights, kind="kl", check_weights=False)) == float(checked)
+    by_hand = ((weights / weights.sum(-1, keepdim=True)) * kl_histogram_loss(student, teachers)).sum(-1).mean()
+    assert float(checked) == pytest.approx(float(by_hand), abs=1e-14)
+    for bad in (-weights, weights.clone().fill_(float("nan"))):
+        with pytest.raises(ValueError, match="finite and non-negative"):
+            validate_weights(bad)
+    validate_weights(weights)

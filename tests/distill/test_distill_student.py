@@ -85,3 +85,47 @@ def test_mismatched_shapes_are_refused() -> None:
     ens, texts = _ensemble(n=8)
     with pytest.raises(ValueError, match="need N texts"):
         distill_student(ConstantStudent(5), texts[:5], ens, ensemble_weights(ens, "A"), kind="kl", progress=False)
+
+
+def test_bad_weights_are_refused_before_the_first_step() -> None:
+    ens, texts = _ensemble(n=8)
+    weights = ensemble_weights(ens, "A")
+    weights[3, 1] = -1.0
+    student = ConstantStudent(5)
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        distill_student(student, texts, ens, weights, kind="kl", progress=False)
+    assert torch.equal(student.model.theta.detach(), torch.zeros(5))  # no step was taken
+
+
+def test_every_step_sees_its_batchs_teachers_weights_and_the_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The teachers' predictions and weights indexed where they live give each step the rows of the batch's
+    texts: the order is recomputed here from the seed (the batches come from torch.randperm with a generator
+    seeded with ``seed``)."""
+    import otfed.distill.student as student_module
+
+    n, batch_size, seed = 10, 4, 3
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(5), size=(n, 2))
+    msgs = [*client_messages("t1", probs[:, 0], 10), *client_messages("t2", probs[:, 1], 30)]
+    ens = teacher_ensemble(msgs)
+    weights = rng.random((n, 2))
+    cost = LabelSpace.for_task("sa").cost_matrix(dtype=torch.float64)
+    seen = []
+    real = student_module.ensemble_loss
+
+    def spy(student_probs, teacher_probs, w, **kwargs):
+        seen.append((teacher_probs.clone(), w.clone(), kwargs))
+        return real(student_probs, teacher_probs, w, **kwargs)
+
+    monkeypatch.setattr(student_module, "ensemble_loss", spy)
+    distill_student(ConstantStudent(5), [f"t{i}" for i in range(n)], ens, weights, kind="sinkhorn", cost=cost,
+                    eps=0.1, epochs=2, batch_size=batch_size, seed=seed, progress=False)
+    generator = torch.Generator().manual_seed(seed)
+    expected = [order[b:b + batch_size] for order in (torch.randperm(n, generator=generator) for _ in range(2))
+                for b in range(0, n, batch_size)]
+    assert len(seen) == len(expected) == 6
+    for (teacher_probs, w, kwargs), rows in zip(seen, expected):
+        np.testing.assert_array_equal(teacher_probs.numpy(), probs[rows.numpy()].astype(np.float32))
+        np.testing.assert_array_equal(w.numpy(), weights[rows.numpy()].astype(np.float32))
+        assert kwargs["check_weights"] is False and kwargs["threads"] == 1  # checked once; one thread on CPU
+        assert torch.equal(kwargs["cost"], cost)

@@ -111,3 +111,37 @@ def test_init_state_is_reproducible_across_concurrent_threads() -> None:
     assert not torch.equal(init_state(32, 10, seed=4)["layers.0.weight"] if "layers.0.weight" in reference
                            else next(iter(init_state(32, 10, seed=4).values())),
                            next(iter(init_state(32, 10, seed=3).values())))
+
+
+def test_fedavg_runs_every_model_on_the_given_device_and_moves_data_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model FedAvg builds (local updates and evaluation) is built on the device it is given — "cpu:0",
+    a device name distinct from the default that the CPU still runs — each client's data are converted once
+    for all rounds, and the numbers are those of the default device."""
+    import importlib
+
+    from otfed.fl import FedAvgConfig, fedavg_accuracy
+
+    module = importlib.import_module("otfed.fl.fedavg")  # the module (otfed.fl.fedavg is also the function)
+
+    x, y = blobs(90, 3)
+    clients = [(x[:30], y[:30]), (x[30:60], y[30:60]), (x[60:], y[60:])]
+    config = FedAvgConfig(rounds=3, epochs=2, lr=0.2, batch_size=8, hidden=[5])
+    expected = fedavg_accuracy(clients, (x, y), 3, config, seed=4)
+    built, converted = [], []
+    real_build, real_tensors = module.build_model, module._tensors
+
+    def build(state, device="cpu"):
+        built.append(str(device))
+        return real_build(state, device)
+
+    def tensors(x, y, dtype, device):
+        converted.append(str(device))
+        return real_tensors(x, y, dtype, device)
+
+    monkeypatch.setattr(module, "build_model", build)
+    monkeypatch.setattr(module, "_tensors", tensors)
+    assert fedavg_accuracy(clients, (x, y), 3, config, seed=4, device="cpu:0", num_threads=1) == expected
+    assert built == ["cpu:0"] * (3 * 3 + 1)  # 3 rounds × 3 clients, then the evaluation
+    assert converted == ["cpu:0"] * 3  # one conversion per client, not one per round
+    result = module.fedavg(clients, init_state(4, 3, seed=0), rounds=2, epochs=1, lr=0.1, device="cpu:0")
+    assert all(v.device == torch.device("cpu") for v in result.state.values())

@@ -8,10 +8,9 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.pipeline import dvc_command
-from flows.stage import fan_out, main, run_stage, task_runner
+from flows.stage import fan_out, main, run_stage
 from otfed.errors import DataFileError
 from stages.params import validate_params
 from stages.stage import Job, Stage
@@ -20,13 +19,6 @@ from stages.noisy_removal import NoisyRemovalParams
 PARAMS = {"run": {"seed": 0, "device": "cpu", "task_runner": "sequential", "max_workers": 1},
           "partition": {"federations": {"c": {"scheme": "fedbary_case", "case": 1, "test_samples": 100}}},
           "noisy_removal": {"federations": ["c"], "validation_samples": 50}}
-
-
-def test_task_runner_kinds() -> None:
-    assert isinstance(task_runner("thread", 3), ThreadPoolTaskRunner)
-    assert isinstance(task_runner("sequential", 3), ThreadPoolTaskRunner)
-    with pytest.raises(ValueError, match="thread, sequential"):
-        task_runner("process", 1)
 
 
 def test_fan_out_outside_a_flow_runs_in_order_without_a_server() -> None:
@@ -94,7 +86,7 @@ def test_a_missing_group_and_bad_params_exit_2_naming_the_key(tmp_path: Path, mo
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text(json.dumps({**PARAMS, "run": {"sedd": 1}}))
     assert main("noisy_removal") == 2
-    assert "params.yaml: run.sedd: unknown key; allowed keys here: device, max_workers, seed, task_runner" \
+    assert "params.yaml: run.sedd: unknown key; allowed keys here: dask_address, device, max_workers, seed, task_runner" \
         in capsys.readouterr().err
     assert main("noisy_removal", params_path="missing.yaml") == 2
     assert "error: missing.yaml: file not found" in capsys.readouterr().err

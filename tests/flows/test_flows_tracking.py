@@ -1,7 +1,12 @@
 """MLflow tracking: tags, params, metrics, nested runs and logged tables/figures land in the store."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import matplotlib
 
@@ -9,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import mlflow
 import pandas as pd
+import pytest
 
 from flows import tracking
 
@@ -103,3 +109,200 @@ def test_git_commit_ignores_outputs_and_names_the_experiment_baseline(tmp_path: 
     assert tracking.git_commit(tmp_path) == sha + "-dirty"
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "b" * 40)
     assert tracking.git_commit(tmp_path).startswith("b" * 40)
+
+
+# ------------------------------------------------------------------------- concurrent writers, locked store
+def test_retry_while_locked_waits_out_the_lock_and_nothing_else(monkeypatch) -> None:
+    """Only SQLite's ``database is locked`` (however MLflow wraps it) is retried, with growing delays; any
+    other error, or a lock outlasting ``OTFED_TRACKING_RETRY_S``, is raised (the latter with a note)."""
+    import sqlite3
+
+    from mlflow.exceptions import MlflowException
+
+    slept: list[float] = []
+    monkeypatch.setattr(tracking.time, "sleep", slept.append)
+    monkeypatch.delenv(tracking.RETRY_ENV, raising=False)
+
+    def locked() -> MlflowException:  # what MLflow's managed session raises: sqlite3 → SQLAlchemy → Mlflow
+        try:
+            raise sqlite3.OperationalError("database is locked")
+        except sqlite3.OperationalError as exc:
+            return MlflowException(f"(sqlite3.OperationalError) {exc}")
+
+    calls: list[int] = []
+
+    def flaky(x: int, times: int) -> int:
+        calls.append(x)
+        if len(calls) <= times:
+            raise locked()
+        return 2 * x
+
+    assert tracking.retry_while_locked(flaky, 21, times=6) == 42
+    assert calls == [21] * 7 and len(slept) == 6
+    caps = [min(tracking.RETRY_MAX_DELAY_S, tracking.RETRY_FIRST_DELAY_S * 2 ** i) for i in range(6)]
+    assert all(cap / 2 <= s <= cap for s, cap in zip(slept, caps)), (slept, caps)  # backoff with jitter
+
+    def refused() -> None:
+        calls.append(0)
+        raise MlflowException("Changing param values is not allowed")
+
+    calls.clear()
+    with pytest.raises(MlflowException, match="Changing param values"):  # not a lock: raised at once
+        tracking.retry_while_locked(refused)
+    assert calls == [0]
+
+    monkeypatch.setenv(tracking.RETRY_ENV, "0")  # no retry: one attempt, the error says why
+    calls.clear()
+    with pytest.raises(MlflowException) as info:
+        tracking.retry_while_locked(flaky, 1, times=5)
+    assert calls == [1]
+    assert any("still locked after 1 attempt(s) of flaky" in note for note in info.value.__notes__)
+
+
+STORE_WRITER = """
+import sys, time
+from pathlib import Path
+from flows import tracking
+
+name, children, n_params, n_steps, n_batch = sys.argv[1], *map(int, sys.argv[2:6])
+art = Path("art"); art.mkdir(exist_ok=True)
+gate = sys.argv[6] if len(sys.argv) > 6 else None
+
+def log_everything(run, label):
+    for s in range(n_steps):  # one metric per call
+        run.log_metrics({"loss": float(s)}, step=s)
+    run.log_metrics({f"m{i}": float(i) for i in range(n_batch)})  # batches of 500
+    run.set_tags({f"t{i}": i for i in range(3)})  # one tag per call
+    path = art / f"{label}.txt"
+    path.write_text(label)
+    run.log_artifact(path)
+
+with tracking.stage_run(name, {f"p{i}": i for i in range(n_params)}, "h") as run:  # batches of 100
+    if gate:  # tell the test the run exists, wait for it to lock the store
+        Path(f"{name}.started").write_text(run.run_id)
+        deadline = time.monotonic() + 120
+        while not Path(gate).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    log_everything(run, name)
+    for c in range(children):
+        with run.child(f"{name}-c{c}") as child:
+            child.log_params({f"p{i}": i for i in range(n_params)})
+            log_everything(child, f"{name}-c{c}")
+"""
+
+
+def _writer_env(home: Path) -> dict[str, str]:
+    """The environment of a writer process: the store ``<home>/mlruns.db``, this checkout's code."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "OTFED_", "DVC_"))}
+    env.update(OTFED_HOME=str(home), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    return env
+
+
+def _check_runs_complete(client, runs: list, n_params: int, n_steps: int, n_batch: int, tmp: Path) -> None:
+    """Every run FINISHED with exactly the params, metrics (each step of ``loss``), tags and artifact its
+    writer logged (STORE_WRITER); the artifact's bytes are the run's label."""
+    for run in runs:
+        label = run.info.run_name
+        assert run.info.status == "FINISHED", label
+        assert run.data.params == {f"p{i}": str(i) for i in range(n_params)}, label
+        assert run.data.metrics == {"loss": float(n_steps - 1), **{f"m{i}": float(i) for i in range(n_batch)}}
+        history = client.get_metric_history(run.info.run_id, "loss")
+        assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(n_steps)], label
+        assert {k: v for k, v in run.data.tags.items() if k.startswith("t")} == {f"t{i}": str(i) for i in range(3)}
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "art")] == [f"art/{label}.txt"], label
+        local = client.download_artifacts(run.info.run_id, f"art/{label}.txt", str(tmp))
+        assert Path(local).read_text() == label
+
+
+@pytest.fixture
+def start_writers(tmp_path: Path) -> Iterator[Callable[..., dict[str, subprocess.Popen]]]:
+    """``start_writers(gate, n_params, n_steps, n_batch, children, name=extra_env, ...)``: one STORE_WRITER
+    process per name (with its extra environment) on ``<tmp_path>/mlruns.db``; returns once every one has
+    opened its run and waits for the file ``gate`` (so their writes overlap). Teardown kills any left."""
+    started: list[subprocess.Popen] = []
+
+    def start(gate: Path, n_params: int, n_steps: int, n_batch: int, children: int,
+              **extra_env: dict[str, str]) -> dict[str, subprocess.Popen]:
+        procs = {name: subprocess.Popen([sys.executable, "-c", STORE_WRITER, name, str(children), str(n_params),
+                                         str(n_steps), str(n_batch), str(gate)], cwd=tmp_path,
+                                        env={**_writer_env(tmp_path), **extra}, stderr=subprocess.PIPE, text=True)
+                 for name, extra in extra_env.items()}
+        started.extend(procs.values())
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"{name}.started").exists() for name in procs):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+                pytest.fail("the writers never all started: " + "; ".join(
+                    f"{n}: exit {p.poll()} {p.communicate()[1][-2000:] if p.poll() is not None else ''}"
+                    for n, p in procs.items()))
+            time.sleep(0.05)
+        return procs
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_concurrent_writer_processes_on_one_fresh_store_lose_nothing(mlflow_uri: str, tmp_path: Path,
+                                                                     start_writers) -> None:
+    """Three processes write at once into one fresh store (the migrated empty template): each a stage run and
+    a child run, params in batches of 100, a metric per call over many steps, 520 metrics in batches of 500,
+    tags one by one, an artifact per run — released together once every run exists, so their writes
+    contend. Afterwards every run is FINISHED and every value is there, counted exactly. (MLflow's 20 s
+    SQLite busy timeout already absorbs this much contention; the next test goes past it.)"""
+    children, n_params, n_steps, n_batch = 1, 150, 60, 520
+    gate = tmp_path / "go"
+    procs = start_writers(gate, n_params, n_steps, n_batch, children, w0={}, w1={}, w2={})
+    gate.write_text("")
+    errors = [p.communicate(timeout=300)[1] for p in procs.values()]
+    assert [p.returncode for p in procs.values()] == [0] * len(procs), "\n".join(e[-3000:] for e in errors)
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("otfed").experiment_id], max_results=1000)
+    assert sorted(r.info.run_name for r in runs) == sorted([*procs, *(f"{w}-c{c}" for w in procs
+                                                                     for c in range(children))])
+    kids = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    parents = {r.info.run_name: r.info.run_id for r in runs if r not in kids}
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[r.info.run_name.split("-")[0]] for r in kids)
+    _check_runs_complete(client, runs, n_params, n_steps, n_batch, tmp_path / "download")
+
+
+@pytest.mark.integration
+def test_a_write_lock_held_past_mlflows_busy_timeout_is_waited_out(mlflow_uri: str, tmp_path: Path,
+                                                                   start_writers) -> None:
+    """Another process holds the store's write lock longer than MLflow's SQLite busy timeout (20 s) while two
+    stage runs are mid-way: the run with the retry (the default) finishes with everything it logged; the
+    control run, with the retry switched off (``OTFED_TRACKING_RETRY_S=0``), fails with ``database is
+    locked`` and loses its metrics — what every run did before the retry."""
+    import inspect
+    import re
+    import sqlite3
+
+    import mlflow.store.db.utils
+
+    busy_ms = int(re.search(r"PRAGMA busy_timeout = (\d+)", inspect.getsource(mlflow.store.db.utils)).group(1))
+    n_params, n_steps, n_batch = 30, 10, 50
+    gate = tmp_path / "locked"
+    procs = start_writers(gate, n_params, n_steps, n_batch, 1, retrying={}, control={tracking.RETRY_ENV: "0"})
+    holder = sqlite3.connect(tmp_path / "mlruns.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock (readers go on), e.g. a long `mlflow gc` or import
+    try:
+        gate.write_text("")
+        time.sleep(busy_ms / 1000 + 3)  # the fault itself: a lock held past every writer's busy timeout
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    errors = {name: p.communicate(timeout=300)[1] for name, p in procs.items()}
+
+    assert procs["control"].returncode != 0 and "database is locked" in errors["control"]  # the fault is real
+    assert procs["retrying"].returncode == 0, errors["retrying"][-3000:]
+    assert "MLflow store locked during" in errors["retrying"]  # it did hit the lock, and waited it out
+    assert "still locked after 1 attempt(s)" in errors["control"]  # the error says the store stayed locked
+
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("otfed").experiment_id])}
+    assert sorted(runs) == ["control", "retrying", "retrying-c0"]  # the control never got to its child
+    control = runs.pop("control")
+    assert control.info.status == "FAILED"
+    assert len(client.get_metric_history(control.info.run_id, "loss")) < n_steps  # lost
+    _check_runs_complete(client, list(runs.values()), n_params, n_steps, n_batch, tmp_path / "download")

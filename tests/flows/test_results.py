@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
@@ -75,6 +76,12 @@ def fake_reports(tmp_path: Path) -> Path:
     (fd / "metrics.json").write_text(json.dumps({
         "clustering": {"pairs_strong": {"affinity": 1.0}, "pairs_none": {"affinity": 0.25}},
         "toy": {"seconds_exact_ot_total": 41.0}}))
+    # the toy table as the stage commits it: no wall-time column (TrackedReport.table drops it)
+    toy = [("exact_ot", 0, 0.0), ("fedwad_approx", 2, 0.25), ("fedwad_approx", 10, 0.0625),
+           ("fedwad_exact_interp", 40, 0.001953125)]
+    pd.DataFrame([dict(dim=2, ratio=1, n=n, repeat=0, method=m, support=s if m != "fedwad_exact_interp" else n,
+                       rel_error=e * n / 40) for n in (20, 40) for m, s, e in toy]).to_csv(fd / "toy_gaussians.csv",
+                                                                                          index=False)
     rm = root / "removal"
     rm.mkdir()
     pd.DataFrame({"federation": ["fmnist_label_noise"], "noisy": [200], "removed": [790], "removed_noisy": [171],
@@ -87,15 +94,18 @@ def fake_reports(tmp_path: Path) -> Path:
 
 def test_fake_tree_page(fake_reports: Path) -> None:
     out = fake_reports / "index.html"
-    page = results.page_html(fake_reports, out, commit="abc123")
+    page = results.page_html(fake_reports, out)
     links = assert_offline(page, out.parent)
     for paper in PAPERS:  # every paper and every item has its section
         assert paper["key"] in links.ids and paper["title"] in page.replace("&#x27;", "'")
         for i, _ in enumerate(paper["items"]):
             assert f'{paper["key"]}-{i}' in links.ids
-    assert "abc123" in page
     # what ran: the table (ARI 0.125 formatted), the figure, the headline metrics (no wall time)
     assert "0.125" in page and 'src="fed_distance/clustering_pairs_strong.png"' in page
+    # the toy views read a table without wall times: relative errors at n = 40 (the largest n), 0.25 for S = 2
+    assert "relative error |est − W| / W at n = 40" in page and "relative error at n = 40, ratio 1:1" in page
+    assert "<td>0.25</td>" in page and "0.001953" in page
+    assert "not run yet (python -m bench.fedwad_speed)" in page  # FedWaD's timings: the benchmark's table
     assert "clustering.pairs_strong.affinity" in page and "seconds_exact_ot_total" not in page
     # what did not: a stage never run, a missing figure, a missing table
     for stage in ("train_teachers", "estimate_bias", "distill", "partition"):
@@ -121,10 +131,24 @@ def test_page_is_deterministic_and_main_writes_it(fake_reports: Path, tmp_path: 
     assert results.main(["--reports", str(tmp_path / "nowhere")]) == 2
 
 
+def test_page_depends_on_the_reports_only(fake_reports: Path, tmp_path: Path) -> None:
+    """The committed page is byte-reproducible: the same reports copied elsewhere (another clone, another
+    machine) give the same bytes — no absolute path, commit, date or time in it."""
+    elsewhere = tmp_path / "clone" / "deeper" / "reports"
+    shutil.copytree(fake_reports, elsewhere)
+    here = results.write_page(fake_reports).read_bytes()
+    there = results.write_page(elsewhere).read_bytes()
+    assert here == there
+    page = here.decode()
+    assert str(tmp_path) not in page and "/home/" not in page
+    assert not re.search(r"\b[0-9a-f]{40}\b", page)  # no commit sha
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d:\d\d\b", page)  # no date, no time of day
+
+
 def test_empty_tree_says_not_run_for_every_stage(tmp_path: Path) -> None:
     root = tmp_path / "reports"
     root.mkdir()
-    page = results.page_html(root, root / "index.html", commit="x")
+    page = results.page_html(root, root / "index.html")
     assert_offline(page, root)
     for name in stages():
         assert f"not run yet (dvc repro {name})" in page
@@ -136,7 +160,7 @@ def test_committed_reports_page(tmp_path: Path) -> None:
     if not (reports / "fed_distance" / "metrics.json").exists():
         pytest.skip("no committed reports")
     out = reports / "index.html"  # built in memory only: the test writes nothing under reports/
-    page = results.page_html(reports, out, commit="test")
+    page = results.page_html(reports, out)
     links = assert_offline(page, out.parent)
     assert "could not read this table" not in page, "a view no longer matches the committed tables"
     assert "not run yet" not in page.replace("not run yet (python -m bench", "")
@@ -149,6 +173,8 @@ def test_committed_reports_page(tmp_path: Path) -> None:
         assert paper["key"] in links.ids
     # the page references the PNGs in place (small page, no embedded images)
     assert "data:image" not in page and len(page.encode()) < 500_000
+    # nothing of this checkout or this moment: no absolute path, no commit sha
+    assert str(REPO) not in page and not re.search(r"\b[0-9a-f]{40}\b", page)
 
 
 def test_every_view_named_by_the_papers_exists() -> None:

@@ -256,3 +256,14 @@ def test_checkpoint_max_length_beyond_its_positions(checkpoint_dir):
     spec = ModelSpec(kind="checkpoint", checkpoint=str(checkpoint_dir[0]), max_length=100)
     with pytest.raises(ConfigError, match="64 positions"):
         build_classifier(spec, LABELS, None, seed=0)
+
+
+def test_predict_proba_tensor_is_predict_proba_left_on_the_models_device(clf, task):
+    texts = task[2][:13]
+    probs = clf.predict_proba_tensor(texts, batch_size=4)
+    assert probs.dtype == torch.float64 and probs.device == clf.device and probs.shape == (13, 2)
+    np.testing.assert_array_equal(probs.numpy(), clf.predict_proba(texts, batch_size=4))  # same batches, same values
+    assert clf.predict_proba_tensor([]).shape == (0, 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        clf.predict_proba_tensor(texts, batch_size=0)
+

@@ -139,3 +139,43 @@ def test_parallel_threads_train_as_if_alone(task, tiny_spec):
         together = list(pool.map(train, [5, 6]))
     assert equal(together[0], alone)
     assert not equal(together[1], alone)
+
+
+def test_epoch_loss_is_the_host_sum_it_replaces_bit_for_bit():
+    """Σ float(loss)·|B| / n in Python floats (what the loop computed before) equals the on-device float64 sum."""
+    from otfed.models.training import EpochLoss
+
+    g = torch.Generator().manual_seed(0)
+    losses = torch.rand(200, generator=g, dtype=torch.float32) * 3
+    sizes = [int(s) for s in torch.randint(1, 33, (200,), generator=g)]
+    host, meter = 0.0, EpochLoss()
+    for loss, size in zip(losses, sizes):
+        host += float(loss) * size
+        meter.add(loss, size)
+    assert meter.seen == sum(sizes)
+    assert meter.mean() == host / sum(sizes)  # exact: same widening, products and additions in the same order
+    with pytest.raises(ValueError, match="no batch"):
+        EpochLoss().mean()
+
+
+def test_epoch_loss_shows_at_most_once_per_interval_and_never_on_a_disabled_bar():
+    from otfed.models.training import EpochLoss
+
+    class Bar:
+        def __init__(self, disable: bool) -> None:
+            self.disable, self.postfixes = disable, []
+
+        def set_postfix(self, **kwargs) -> None:
+            self.postfixes.append(kwargs)
+
+    meter = EpochLoss(interval=0.0)
+    meter.add(torch.tensor(2.0), 4)
+    shown, hidden = Bar(False), Bar(True)
+    meter.show(shown)
+    meter.show(hidden)
+    assert shown.postfixes == [{"loss": "2.0000"}] and hidden.postfixes == []
+    slow = EpochLoss(interval=3600.0)
+    slow.add(torch.tensor(1.0), 1)
+    for _ in range(5):
+        slow.show(shown)
+    assert len(shown.postfixes) == 1  # within the hour: no further read-back

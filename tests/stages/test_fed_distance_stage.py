@@ -1,22 +1,24 @@
-"""Stage ``fed_distance`` on tiny params: every table, figure and metric is written and logged."""
+"""Stage ``fed_distance`` on tiny params (the session's feature-track run): every table, figure and metric is
+written and logged; wall times reach MLflow only."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlflow
+import numpy as np
 import pandas as pd
 
-from flows.stage import run_stage
 from stages import layout
 from stages.fed_distance import STAGE
 from stages.stage import headline_metrics
 
 
-def test_fed_distance_writes_reports_and_logs_them(tiny: dict, mlflow_uri: str) -> None:
-    run_stage("partition", tiny)
-    metrics = run_stage("fed_distance", tiny)
-    out = Path(layout.FED_DISTANCE_REPORTS)
+def test_fed_distance_writes_reports_and_logs_them(feature_run: dict[str, Any], tmp_path: Path) -> None:
+    metrics = feature_run["metrics"]["fed_distance"]
+    mlflow_uri = feature_run["uri"]
+    out = feature_run["root"] / layout.FED_DISTANCE_REPORTS
     expected = {"toy_gaussians.csv", "toy_gaussians.md", "toy_time_error.png", "convergence.csv",
                 "convergence.png", "otdd_pairs.csv", "otdd_heatmaps.png", "clustering_pairs_distances.csv",
                 "clustering_pairs.png", "clustering_ari.csv", "communication.csv", "metrics.json"}
@@ -45,3 +47,15 @@ def test_fed_distance_writes_reports_and_logs_them(tiny: dict, mlflow_uri: str) 
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     logged = {a.path.split("/")[-1] for a in client.list_artifacts(runs[0].info.run_id, "reports/fed_distance")}
     assert {"toy_time_error.png", "otdd_heatmaps.png", "clustering_ari.csv"} <= logged
+    # the wall times: in the committed tables no more, in MLflow (full tables, the running-time figure) instead
+    assert "seconds" not in toy and not {"seconds_federated", "seconds_exact"} & set(otdd)
+    timings = {a.path.split("/")[-1] for a in client.list_artifacts(runs[0].info.run_id, "timings")}
+    assert {"toy_gaussians.csv", "otdd_pairs.csv", "toy_time.png"} <= timings
+    assert "toy_time.png" not in {p.name for p in out.iterdir()}
+    full = pd.read_csv(client.download_artifacts(runs[0].info.run_id, "timings/otdd_pairs.csv",
+                                                 str(tmp_path)))
+    assert list(full.columns) == list(otdd.columns[:4]) + ["seconds_federated", "seconds_exact", "bytes", "messages"]
+    assert (full.seconds_federated > 0).all() and (full.seconds_exact > 0).all()
+    assert np.allclose(full.federated, otdd.federated, rtol=1e-9, atol=0)  # the same table, all its digits
+    assert metrics["toy"]["seconds_exact_ot_total"] > 0  # MLflow metrics keep the total times
+    assert "seconds" not in (out / "metrics.json").read_text()

@@ -3,7 +3,8 @@ partition → train_teachers → estimate_bias → distill. Checked against inde
 sizes equal the partition files' row counts, the teachers' transfer predictions in the message file equal
 what the saved teacher predicts, each bias row sums to 1 and equals a recount of argmax predictions on the
 same random texts, table rows are recomputed from the saved predictions, the eight variants share metric
-names in MLflow, and the server side never loads a teacher model or sees a client's training text."""
+names in MLflow, the server side never loads a teacher model or sees a client's training text, and a second run
+in another folder writes the same bytes (no wall time in a committed table)."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from otfed.models import TextClassifier
 from otfed.models.tokenizer import vocabulary
 from stages import layout
 from stages.params import validate_params
-from tests.stages.conftest import tiny_params
+from tests.stages.conftest import assert_reproducible, run_track, tiny_params
 
 TINY_MODEL = {"kind": "bert", "layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_length": 24,
               "vocab_size": 300}
@@ -189,3 +190,19 @@ def test_server_side_never_touches_client_models_or_training_texts(text_run) -> 
                        for c in captured], default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
     assert not any(t in blob for t in train_texts)
     assert type(captured[0]["ensemble"]).__name__ == "TeacherEnsemble"
+
+
+TEXT_TRACK = ("partition", "train_teachers", "estimate_bias", "distill")
+
+
+def test_text_track_outputs_are_byte_reproducible(text_run, tmp_path: Path, migrated_mlflow_db: Path) -> None:
+    """The text track again, in another folder: the same bytes in every output folder of every stage (reports,
+    models, messages), and the wall times of table 1 and the histories in MLflow only."""
+    again = run_track(tmp_path, migrated_mlflow_db, text_params(tmp_path), TEXT_TRACK)
+    for name in TEXT_TRACK:
+        assert_reproducible(name, text_run["root"], again["root"])
+    client = mlflow.MlflowClient(tracking_uri=again["uri"])
+    run = client.search_runs([client.get_experiment_by_name("otfed").experiment_id], "tags.stage = 'train_teachers'")[0]
+    full = pd.read_csv(client.download_artifacts(run.info.run_id, "timings/teachers.csv", str(tmp_path / "dl")))
+    committed = pd.read_csv(tmp_path / layout.TEACHER_REPORTS / "teachers.csv")
+    assert list(full.columns) == list(committed.columns) + ["seconds"] and (full.seconds > 0).all()

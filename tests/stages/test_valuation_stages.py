@@ -2,12 +2,13 @@
 contributions sum to 100 %, exact Shapley is efficient (Σ φ = u(N) − u(∅), recomputed here), a client
 whose every sample carries heavy feature noise is the farthest from the barycenter, feature-noise recall
 is high, removal never drops more than was flagged, duplicating a client's dataset leaves POT's exact W
-unchanged, and every table / figure reaches MLflow."""
+unchanged, and every table / figure reaches MLflow (the stages' outputs: the session's feature-track run)."""
 from __future__ import annotations
 
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -25,48 +26,17 @@ from otfed.fl import FedAvgConfig, fedavg_accuracy
 from stages import layout
 from stages.barycenter_valuation import CONTRIBUTION_METHODS, DETECTION_METHODS
 from stages.params import validate_params
-from tests.stages.conftest import tiny_params
-
-FEDBARY = {"support_size": 10, "iterations": 3}
-FEDAVG = {"rounds": 3, "epochs": 2, "lr": 0.1}
-
+from tests.stages.conftest import FEDAVG, feature_params
 
 def valuation_params(root: Path) -> dict:
-    params = tiny_params(root)
-    params["partition"]["federations"].update({
-        "c1": {"scheme": "fedbary_case", "case": 1, "dataset": "cifar10", "n_clients": 5, "samples_per_client": 50,
-               "val_fraction": 0.0, "test_samples": 150},
-        "c5": {"scheme": "fedbary_case", "case": 5, "dataset": "cifar10", "n_clients": 5, "samples_per_client": 50,
-               "val_fraction": 0.0, "test_samples": 150},
-        "fclean": {"scheme": "iid", "dataset": "fashionmnist", "n_clients": 5, "samples": 300, "val_fraction": 0.0,
-                   "test_samples": 200},
-        "fnoisy": {"scheme": "fedbary_case", "case": 5, "dataset": "fashionmnist", "n_clients": 5,
-                   "samples_per_client": 60, "val_fraction": 0.0, "test_samples": 200},
-    })
-    params["barycenter_valuation"] = {
-        "pca_components": 8, "fedbary": FEDBARY,
-        "contributions": {"federations": ["c1", "c5"], "validation_samples": 60, "monte_carlo_permutations": 3,
-                          "fedavg": FEDAVG,
-                          "outlier": {"federation": "c1", "client": 4, "fraction": 1.0, "noise_std": 5.0}},
-        "detection": {"federation": "fclean", "kinds": ["label", "feature"], "rates": [0.3], "validation_samples": 100,
-                      "noise_std": 3.0,
-                      "removal_step": 0.1, "removal_max_fraction": 0.3},
-        "duplication": {"federation": "c1", "client": 1, "copies": [1, 2, 3], "datum_copies": 5,
-                        "validation_samples": 60, "seed_repeats": 2},
-    }
-    params["noisy_removal"] = {
-        "federations": ["fnoisy"], "pca_components": 8,
-        "validation_samples": 100, "max_remove_fraction": 0.4, "fedbary": FEDBARY, "fedavg": {"rounds": 5},
-    }
-    return params
+    return feature_params(root)
 
 
-@pytest.fixture
-def vparams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> dict:
-    monkeypatch.chdir(tmp_path)
-    params = valuation_params(tmp_path)
-    run_stage("partition", params)
-    return params
+def _timings(uri: str, stage: str, name: str, into: Path) -> pd.DataFrame:
+    """The full table ``name`` (wall times included) the stage logged to MLflow under ``timings/``."""
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name("otfed").experiment_id], f"tags.stage = '{stage}'")[0]
+    return pd.read_csv(client.download_artifacts(run.info.run_id, f"timings/{name}", str(into)))
 
 
 def _logged(uri: str, stage: str) -> set[str]:
@@ -78,9 +48,10 @@ def _logged(uri: str, stage: str) -> set[str]:
     return {a.path.split("/")[-1] for d in folders for a in client.list_artifacts(run_id, d)}
 
 
-def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
-    metrics = run_stage("barycenter_valuation", vparams)
-    out = Path(layout.VALUATION_REPORTS)
+def test_barycenter_valuation_stage(feature_run: dict[str, Any], tmp_path: Path) -> None:
+    metrics = feature_run["metrics"]["barycenter_valuation"]
+    mlflow_uri, root = feature_run["uri"], feature_run["root"]
+    out = root / layout.VALUATION_REPORTS
     expected = {"contributions.csv", "contributions.md", "contributions_wide.csv", "contributions.png",
                 "method_agreement.csv", "outlier_distances.csv", "outlier_histogram.png", "detection.csv",
                 "detection.png", "removal_curves.csv", "removal_curves.png", "duplication.csv", "duplication.md",
@@ -96,7 +67,7 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     case1 = contrib[(contrib.federation == "c1") & contrib.method.str.startswith("fedbary")]
     assert case1.percent.between(15, 25).all()  # same distribution, same size → ≈ 20 % each
     # exact Shapley is efficient: Σ φ_i = u(all) − u(∅), recomputed here with the same FedAvg utility
-    fed = project_federation(load_federation("c5", layout.PARTITIONS), 8, 0)
+    fed = project_federation(load_federation("c5", root / layout.PARTITIONS), 8, 0)
     validation, _ = server_split(fed, 60)
     clients = client_sets(fed)
     full = fedavg_accuracy([(c.x, c.y) for c in clients], (validation.x, validation.y), 10,
@@ -107,6 +78,11 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     agreement = pd.read_csv(out / "method_agreement.csv")
     exact_rows = agreement[(agreement.method == "exact_shapley") & (agreement.federation == "c5")]
     assert exact_rows.spearman_vs_exact_shapley.iloc[0] == pytest.approx(1.0)
+    # wall times: not in the committed tables, in the MLflow run's full tables
+    assert "seconds" not in contrib and "seconds" not in agreement
+    full = _timings(mlflow_uri, "barycenter_valuation", "contributions.csv", tmp_path)
+    assert list(full.columns) == list(contrib.columns) + ["seconds"] and (full.seconds >= 0).all()
+    assert full.groupby(["federation", "method"]).seconds.nunique().eq(1).all()  # one time per method run
 
     outlier = pd.read_csv(out / "outlier_distances.csv")
     bary = outlier[outlier.target == "barycenter"]
@@ -131,7 +107,7 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     same = dup[(dup.experiment == "dataset") & (dup.stats == "original")]
     assert list(same.copies) == [1, 2, 3] and list(same.atoms) == [50, 100, 150]
     # independent truth: POT's exact W between client 1's augmented data (×1) and the validation set
-    fed = project_federation(load_federation("c1", layout.PARTITIONS), 8, 0)
+    fed = project_federation(load_federation("c1", root / layout.PARTITIONS), 8, 0)
     validation, _ = server_split(fed, 60)
     P, Q = augmented_measure(client_sets(fed)[1]), augmented_measure(validation)
     w2 = ot.emd2(P.weights, Q.weights, ot.dist(P.support, Q.support), numItermax=10**8)
@@ -145,8 +121,8 @@ def test_barycenter_valuation_stage(vparams: dict, mlflow_uri: str) -> None:
     assert metrics["duplication"]["dataset_original_max_abs_rel_change_exact_w"] < 1e-9
 
 
-def test_corruption_is_seeded_and_counted(vparams: dict) -> None:
-    fed = load_federation("fclean", layout.PARTITIONS)
+def test_corruption_is_seeded_and_counted(feature_run: dict[str, Any]) -> None:
+    fed = load_federation("fclean", feature_run["root"] / layout.PARTITIONS)
     a = corrupted_federation(fed, "label", 0.3, 1.0, seed=0)
     b = corrupted_federation(fed, "label", 0.3, 1.0, seed=0)
     assert np.array_equal(a.y, b.y) and np.array_equal(a.corrupted, b.corrupted)
@@ -163,21 +139,25 @@ def test_corruption_is_seeded_and_counted(vparams: dict) -> None:
     assert one.corrupted.sum() == one.corrupted[fed.rows(2)].sum() == round(0.5 * len(fed.rows(2)))
 
 
-def test_noisy_removal_stage(vparams: dict, mlflow_uri: str) -> None:
-    metrics = run_stage("noisy_removal", vparams)
-    out = Path(layout.REMOVAL_REPORTS)
+def test_noisy_removal_stage(feature_run: dict[str, Any], tmp_path: Path) -> None:
+    metrics = feature_run["metrics"]["noisy_removal"]
+    mlflow_uri, root = feature_run["uri"], feature_run["root"]
+    out = root / layout.REMOVAL_REPORTS
     assert {"removal.csv", "removal.md", "removal_clients.csv", "removal.png", "metrics.json"} <= {
         p.name for p in out.iterdir()}
     assert {"removal.csv", "removal.png"} <= _logged(mlflow_uri, "noisy_removal")
     table = pd.read_csv(out / "removal.csv").iloc[0]
     clients = pd.read_csv(out / "removal_clients.csv")
-    truth = load_federation("fnoisy", layout.PARTITIONS)
+    truth = load_federation("fnoisy", root / layout.PARTITIONS)
     assert table.noisy == int(truth.corrupted.sum()) == clients.noisy.sum()
     assert (clients.removed <= clients.flagged).all()
     assert (clients.removed <= np.floor(0.4 * clients.n)).all()  # max_remove_fraction
     assert (clients.removed_noisy <= np.minimum(clients.removed, clients.noisy)).all()
     assert (clients.noisy_in_top_noisy <= clients.noisy).all()
     assert table.removed == clients.removed.sum() and table.removed_noisy == clients.removed_noisy.sum()
+    assert "fedbary_seconds" not in table  # a wall time: MLflow only
+    full = _timings(mlflow_uri, "noisy_removal", "removal.csv", tmp_path)
+    assert list(full.columns) == list(table.index) + ["fedbary_seconds"] and (full.fedbary_seconds > 0).all()
     assert 0.0 <= table.accuracy_before <= 1.0 and 0.0 <= table.accuracy_after <= 1.0
     assert metrics["fnoisy"]["removed"] == table.removed
 

@@ -1,0 +1,128 @@
+"""Where a stage's tasks run: ``run.task_runner`` → a Prefect task runner.
+
+* ``sequential`` — one worker thread, jobs in order;
+* ``thread`` — ``run.max_workers`` threads of the stage's process (numpy / POT / torch release the GIL in
+  their kernels, so threads scale on one machine);
+* ``dask`` — a Dask ``distributed`` cluster through ``prefect-dask``: with ``run.dask_address: null`` a
+  local cluster of ``run.max_workers`` single-threaded worker *processes* is started for the stage and
+  shut down after it; with an address (``tcp://host:8786``) the stage uses that running scheduler and its
+  workers, on this machine or others.
+
+**What a Dask task receives.** A job's arguments are pickled and sent to the worker that runs it. Large
+arguments shared by several jobs — the clients of a federation that every client pair reads — are
+scattered to the cluster *once* (:func:`scatter_shared`) and the jobs carry only a reference: the 190
+pairs of a 20-client federation move each client's samples to a worker at most once, not 19 times.
+
+**Remote workers** need the same code and data at the same paths as the machine that starts the stage
+(run them from a checkout of the same commit, with ``data/`` in place — e.g. a shared file system), and a
+Prefect API they can reach: a stage's temporary Prefect server listens on 127.0.0.1 only, so for workers
+on other hosts start a real server and export ``PREFECT_API_URL`` (README, "Scaling out").
+
+Worker processes start with one BLAS / OpenMP thread each (``distributed``'s default
+``OMP_NUM_THREADS=1``), the same as a stage's torch code on CPU (:func:`otfed.device.stage_device`): a
+stage gives the same numbers on every runner.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Mapping
+
+from otfed.errors import ConfigError
+
+RUNNERS = ("sequential", "thread", "dask")
+
+# an argument is scattered once when it pickles to at least SHARED_BYTES and several jobs use it, or to at
+# least SCATTER_BYTES (then even a single job's argument goes to the cluster ahead of the job)
+SHARED_BYTES = 64 << 10
+SCATTER_BYTES = 1 << 20
+
+
+def task_runner(kind: str, max_workers: int, dask_address: str | None = None) -> Any:
+    """The Prefect task runner for ``run.task_runner`` (module docstring)."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    if kind == "thread":
+        return ThreadPoolTaskRunner(max_workers=max_workers)
+    if kind == "sequential":
+        return ThreadPoolTaskRunner(max_workers=1)
+    if kind == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if dask_address:
+            return DaskTaskRunner(address=dask_address)
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=dict(
+            n_workers=max_workers, threads_per_worker=1, processes=True, dashboard_address=None,
+            host="127.0.0.1", silence_logs=50))
+    raise ValueError(f"run.task_runner must be one of {', '.join(RUNNERS)} (got {kind!r})")
+
+
+def dask_client(runner: Any) -> Any:
+    """The ``distributed.Client`` of a started Dask task runner; None for any other runner."""
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        return None
+    return runner.client if isinstance(runner, DaskTaskRunner) else None
+
+
+def describe(kind: str, max_workers: int, dask_address: str | None) -> str:
+    """``sequential × 1``, ``thread × 4``, ``dask × 4 (local cluster)``, ``dask at tcp://host:8786``."""
+    if kind == "sequential":
+        return "sequential × 1"
+    if kind == "dask":
+        return f"dask at {dask_address}" if dask_address else f"dask × {max_workers} (local cluster)"
+    return f"{kind} × {max_workers}"
+
+
+def check_dask_address(address: str, timeout: float = 10.0) -> int:
+    """Connect to the Dask scheduler at ``address``; the number of workers it has.
+
+    Raises ConfigError (naming ``run.dask_address``) when nothing answers there within ``timeout`` seconds
+    or the scheduler has no worker (the stage's tasks would wait forever)."""
+    from distributed import Client
+
+    key = "params.yaml: run.dask_address"
+    try:
+        with Client(address, timeout=timeout, set_as_default=False) as client:
+            workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(f"{key}: no Dask scheduler answers at {address!r} within {timeout:g} s "
+                          f"({type(exc).__name__}: {exc}); start one (`dask scheduler`) or set "
+                          "run.dask_address: null for a local cluster") from None
+    if workers == 0:
+        raise ConfigError(f"{key}: the Dask scheduler at {address!r} has no workers; start some "
+                          f"(`dask worker {address}`)")
+    return workers
+
+
+def scatter_shared(client: Any, calls: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The keyword arguments of each call with every large or shared value replaced by a Dask future.
+
+    A value (by identity) used by two or more calls and pickling to at least :data:`SHARED_BYTES`, or any
+    value pickling to at least :data:`SCATTER_BYTES`, is sent to the cluster once (``client.scatter``); Dask resolves the futures back into the values on the
+    worker before the call runs. Small values private to one call travel with it as before."""
+    uses: dict[int, int] = {}
+    for kwargs in calls:
+        for value in kwargs.values():
+            uses[id(value)] = uses.get(id(value), 0) + 1
+    shipped: dict[int, Any] = {}  # id → its future, or None: travels with its call
+    out = []
+    for kwargs in calls:
+        moved = {}
+        for key, value in kwargs.items():
+            if id(value) not in shipped:
+                shipped[id(value)] = client.scatter(value, hash=False) \
+                    if _worth_scattering(value, uses[id(value)]) else None
+            moved[key] = value if shipped[id(value)] is None else shipped[id(value)]
+        out.append(moved)
+    return out
+
+
+def _worth_scattering(value: Any, uses: int) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return False
+    try:
+        size = len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # not picklable with pickle (cloudpickle may still manage): leave it in the call
+        return False
+    return size >= (SHARED_BYTES if uses >= 2 else SCATTER_BYTES)

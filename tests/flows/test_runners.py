@@ -1,0 +1,107 @@
+"""flows/runners.py: the task runner of each ``run.task_runner``, the scheduler-address check and which job
+arguments go to a Dask cluster once (checked against a real in-process ``distributed`` cluster)."""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+from prefect.task_runners import ThreadPoolTaskRunner
+from prefect_dask import DaskTaskRunner
+
+from flows import runners
+from otfed.errors import ConfigError
+from stages.params import validate_params
+
+
+def test_each_kind_gives_its_prefect_task_runner() -> None:
+    thread = runners.task_runner("thread", 3)
+    assert isinstance(thread, ThreadPoolTaskRunner) and thread._max_workers == 3
+    assert runners.task_runner("sequential", 3)._max_workers == 1
+    local = runners.task_runner("dask", 4)
+    assert isinstance(local, DaskTaskRunner) and local.address is None
+    assert local.cluster_kwargs["n_workers"] == 4 and local.cluster_kwargs["threads_per_worker"] == 1
+    assert local.cluster_kwargs["processes"] is True
+    remote = runners.task_runner("dask", 4, "tcp://10.0.0.5:8786")
+    assert remote.address == "tcp://10.0.0.5:8786" and not remote.cluster_kwargs
+    with pytest.raises(ValueError, match="sequential, thread, dask"):
+        runners.task_runner("process", 1)
+
+
+def test_the_progress_line_names_the_runner() -> None:
+    assert runners.describe("sequential", 8, None) == "sequential × 1"
+    assert runners.describe("thread", 8, None) == "thread × 8"
+    assert runners.describe("dask", 8, None) == "dask × 8 (local cluster)"
+    assert runners.describe("dask", 8, "tcp://h:1") == "dask at tcp://h:1"
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:8786", "127.0.0.1:8786", "tls://sched.lab.org:8786",
+                                     "tcp://[::1]:8786", None])
+def test_scheduler_addresses_are_accepted(raw: dict, address) -> None:
+    raw["run"].update(task_runner="dask", dask_address=address)
+    p = validate_params(raw)
+    assert p.run.dask_address == address
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1", "http://127.0.0.1:8786", "127.0.0.1:port", "", "a b:1"])
+def test_a_malformed_address_names_the_key(config_error, address: str) -> None:
+    message = config_error(lambda raw: raw["run"].update(task_runner="dask", dask_address=address))
+    assert message.startswith("params.yaml: run.dask_address: ") and "must be a Dask scheduler address" in message
+
+
+def test_an_address_where_nothing_listens_is_a_config_error_naming_it() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    with pytest.raises(ConfigError, match=rf"run\.dask_address: no Dask scheduler answers at 'tcp://127.0.0.1:{port}'"):
+        runners.check_dask_address(f"tcp://127.0.0.1:{port}", timeout=2)
+
+
+class _RecordingClient:
+    """Stands in for distributed.Client: records what is scattered, returns a token per value."""
+
+    def __init__(self) -> None:
+        self.scattered: list[object] = []
+
+    def scatter(self, value: object, hash: bool = True) -> tuple[str, int]:
+        assert hash is False  # random keys: no hashing of large arrays
+        self.scattered.append(value)
+        return ("future", len(self.scattered) - 1)
+
+
+def test_shared_and_large_arguments_are_scattered_once_small_private_ones_travel_with_their_call() -> None:
+    shared = np.zeros(runners.SHARED_BYTES // 8 + 16)  # just above the shared threshold, used twice
+    big = np.zeros(runners.SCATTER_BYTES // 8 + 16)  # above the single-use threshold, used once
+    small_shared = np.zeros(10)  # used by every call but small: travels with each
+    small = np.ones(3)
+    calls = [dict(a=shared, b=small_shared, seed=0), dict(a=shared, b=small_shared, c=big, seed=1),
+             dict(a=small, b=small_shared, seed=2)]
+    client = _RecordingClient()
+    moved = runners.scatter_shared(client, calls)
+    assert [id(v) for v in client.scattered] == [id(shared), id(big)]  # each once, in first-use order
+    assert moved[0]["a"] == moved[1]["a"] == ("future", 0) and moved[1]["c"] == ("future", 1)
+    assert all(m["b"] is small_shared for m in moved) and moved[2]["a"] is small
+    assert [m["seed"] for m in moved] == [0, 1, 2]
+    assert calls[0]["a"] is shared  # the callers' dicts are left as they were
+
+
+def _sum_all(a: np.ndarray, b: np.ndarray, seed: int) -> float:
+    return float(a.sum() + b.sum() + seed)
+
+
+def test_scattered_arguments_arrive_as_their_values_on_a_real_cluster() -> None:
+    """What Dask does with the futures inside the job's keyword arguments (a dict inside the task's
+    parameters): the worker sees the arrays themselves, and the results equal the in-process ones."""
+    from distributed import Client, LocalCluster
+
+    rng = np.random.default_rng(0)
+    shared = rng.normal(size=runners.SHARED_BYTES // 8 + 16)
+    calls = [dict(a=shared, b=rng.normal(size=5), seed=k) for k in range(3)]
+    expected = [_sum_all(**c) for c in calls]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        moved = runners.scatter_shared(client, calls)
+        assert sum(1 for m in moved for v in m.values() if type(v).__name__ == "Future") == 3  # one object, 3 refs
+        futures = [client.submit(lambda parameters: _sum_all(**parameters["kwargs"]),
+                                 parameters={"kwargs": m}, pure=False) for m in moved]
+        assert client.gather(futures) == expected
