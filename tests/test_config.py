@@ -21,7 +21,7 @@ def test_committed_params_are_valid() -> None:
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d["run"].update(sedd=1), "run.sedd: unknown key; allowed keys here: device, max_workers, seed, task_runner"),
+    (lambda d: d["run"].update(sedd=1), "run.sedd: unknown key; allowed keys here: dask_address, device, max_workers, seed, task_runner"),
     (lambda d: d["partition"]["federations"]["pairs_strong"].update(structure="weak"),
      "partition.federations.pairs_strong.structure: Input should be 'strong' or 'none' (got 'weak')"),
     (lambda d: d["fed_distance"]["toy"].update(iterations=0), "fed_distance.toy.iterations: Input should be greater than or equal to 1"),

@@ -96,7 +96,10 @@ def test_torch_jobs_hand_the_device_to_the_library(stage: str, partitioned, monk
         monkeypatch.setattr(TextClassifier, "load", classmethod(lambda cls, directory, device=None:
                                                                 record(device=device)))
     else:
-        monkeypatch.setattr(module, "fedavg_accuracy", lambda *args, device="cpu", num_threads=1, **kwargs:
+        import otfed.valuation.client_games as games  # barycenter_valuation's game: fedavg_utility(device)
+
+        where = games if stage == "barycenter_valuation" else module
+        monkeypatch.setattr(where, "fedavg_accuracy", lambda *args, device="cpu", num_threads=1, **kwargs:
                             record(device=device, num_threads=num_threads))
     torch_jobs = [job for job in jobs if job.fn.__name__ in TORCH_JOBS[stage]]
     assert torch_jobs

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -345,6 +346,21 @@ def _check_run(client: Any, run_id: str, reference: dict[str, Any], value: int, 
         assert logged == files
 
 
+@contextmanager
+def _explained(servers: dict[str, Server], project: Path | None = None) -> Iterator[None]:
+    """On a failure, add the tails of both servers' logs (and the DVC queue's state) to the error."""
+    try:
+        yield
+    except BaseException as exc:
+        for started in servers.values():
+            exc.add_note(f"--- {started.name} server log (tail):\n{_tail(started.log, 30)}")
+        if project is not None:
+            state = subprocess.run(["dvc", "queue", "status"], cwd=project, env=_env(), capture_output=True,
+                                   text=True, timeout=120)
+            exc.add_note(f"--- dvc queue status:\n{state.stdout}{state.stderr}")
+        raise
+
+
 def _overlapping(runs: list) -> bool:
     """Whether at least two of the runs were open at the same time (their start-end intervals overlap)."""
     spans = sorted((r.info.start_time, r.info.end_time) for r in runs)
@@ -376,31 +392,32 @@ def test_a_file_in_the_working_directory_lands_at_the_runs_root(server: str, tmp
     assert _artifacts(client, run.run_id) == {"notes.txt": 4, "sub/deep.txt": 6}
 
 
-def test_two_stage_processes_at_once_lose_nothing(server: str, stage_env: dict[str, str], project: Path,
+def test_two_stage_processes_at_once_lose_nothing(servers: dict[str, Server], server: str,
+                                                   stage_env: dict[str, str], project: Path,
                                                    reference: dict[str, Any], tmp_path: Path) -> None:
     """Two ``python -m stages.partition`` processes (two copies of the repository, two param values) log to
     the server at the same time: two runs, both complete."""
-    since = int(time.time() * 1000)
-    repos = {value: _copy(project, tmp_path / f"repo-{value}", value) for value in (SWEEP[0], OTHER)}
-    procs = {value: subprocess.Popen([sys.executable, "-m", f"stages.{STAGE}"], cwd=repo, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=stage_env)
-             for value, repo in repos.items()}
-    try:
-        outputs = {value: p.communicate(timeout=STAGE_TIMEOUT_S) for value, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    assert [p.returncode for p in procs.values()] == [0, 0], {v: o[1][-3000:] for v, o in outputs.items()}
-    client = mlflow.MlflowClient(tracking_uri=server)
-    ids = {value: _run_id(err) for value, (_, err) in outputs.items()}
-    for value, run_id in ids.items():
-        _check_run(client, run_id, reference, value, _written(repos[value]), _files_written(repos[value]))
-    runs = _new_runs(client, since)
-    assert sorted(r.info.run_id for r in runs) == sorted(ids.values())  # and no other run
-    assert _overlapping(runs), "the two stage runs did not overlap: nothing was concurrent"
+    with _explained(servers):
+        since = int(time.time() * 1000)
+        repos = {value: _copy(project, tmp_path / f"repo-{value}", value) for value in (SWEEP[0], OTHER)}
+        procs = {value: subprocess.Popen([sys.executable, "-m", f"stages.{STAGE}"], cwd=repo, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=stage_env)
+                 for value, repo in repos.items()}
+        try:
+            outputs = {value: p.communicate(timeout=STAGE_TIMEOUT_S) for value, p in procs.items()}
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        assert [p.returncode for p in procs.values()] == [0, 0], {v: o[1][-3000:] for v, o in outputs.items()}
+        client = mlflow.MlflowClient(tracking_uri=server)
+        ids = {value: _run_id(err) for value, (_, err) in outputs.items()}
+        for value, run_id in ids.items():
+            _check_run(client, run_id, reference, value, _written(repos[value]), _files_written(repos[value]))
+        runs = _new_runs(client, since)
+        assert sorted(r.info.run_id for r in runs) == sorted(ids.values())  # and no other run
+        assert _overlapping(runs), "the two stage runs did not overlap: nothing was concurrent"
 
 
 def _exp_show(repo: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -445,35 +462,37 @@ def queue_workers_stopped(project: Path) -> Iterator[None]:
     assert not left, f"DVC queue processes left running a minute after the queue emptied: {left}"
 
 
-def test_a_queued_sweep_on_two_workers_loses_nothing(server: str, stage_env: dict[str, str], project: Path,
+def test_a_queued_sweep_on_two_workers_loses_nothing(servers: dict[str, Server], server: str,
+                                                    stage_env: dict[str, str], project: Path,
                                                     reference: dict[str, Any], queue_workers_stopped: None) -> None:
     """``dvc exp run --queue -S <param>=40,50,60`` then ``dvc queue start -j 2``: the three experiments run
     two at a time in DVC's temporary copies, each logging to the server; afterwards each experiment has
     exactly one run (tagged with its name), complete, holding the metrics DVC recorded for it. No queue
     worker is left running (teardown)."""
-    since = int(time.time() * 1000)
-    client = mlflow.MlflowClient(tracking_uri=server)
-    _run(project, "dvc", "exp", "run", "--queue", "-S", f"{SWEPT}={','.join(map(str, SWEEP))}", env=stage_env)
-    _run(project, "dvc", "queue", "start", "-j", "2", env=stage_env)
-    deadline, polls, status = time.monotonic() + 2 * STAGE_TIMEOUT_S, 0, "(not asked yet)"
-    while True:  # cheap HTTP polls while the experiments run; DVC is asked once they have all logged (and
-        # every ~15 s, so a stage that fails before it opens its run fails the test at once)
-        finished = sum(r.info.status != "RUNNING" for r in _new_runs(client, since))
-        if finished >= len(SWEEP) or polls % 8 == 7:
-            status = _run(project, "dvc", "queue", "status", env=stage_env).stdout
-            if "Failed" in status or not any(word in status for word in ("Queued", "Running")):
-                break
-        assert time.monotonic() < deadline, status
-        polls += 1
-        time.sleep(2)
-    failed = [line.split()[1] for line in status.splitlines() if "Failed" in line.split()[-1:]]
-    assert not failed, status + "".join(
-        _run(project, "dvc", "queue", "logs", name, env=stage_env).stdout[-3000:] for name in failed)
-    experiments = _exp_show(project, stage_env)
-    assert sorted(e["value"] for e in experiments.values()) == sorted(SWEEP), experiments
-    runs = _new_runs(client, since)
-    assert sorted(r.data.tags.get("dvc_experiment", "") for r in runs) == sorted(experiments)  # one each
-    for run in runs:
-        exp = experiments[run.data.tags["dvc_experiment"]]
-        _check_run(client, run.info.run_id, reference, exp["value"], exp["metrics"])
-    assert _overlapping(runs), "no two queued experiments logged at the same time (-j 2)"
+    with _explained(servers, project):
+        since = int(time.time() * 1000)
+        client = mlflow.MlflowClient(tracking_uri=server)
+        _run(project, "dvc", "exp", "run", "--queue", "-S", f"{SWEPT}={','.join(map(str, SWEEP))}", env=stage_env)
+        _run(project, "dvc", "queue", "start", "-j", "2", env=stage_env)
+        deadline, polls, status = time.monotonic() + 2 * STAGE_TIMEOUT_S, 0, "(not asked yet)"
+        while True:  # cheap HTTP polls while the experiments run; DVC is asked once they have all logged (and
+            # every ~15 s, so a stage that fails before it opens its run fails the test at once)
+            finished = sum(r.info.status != "RUNNING" for r in _new_runs(client, since))
+            if finished >= len(SWEEP) or polls % 8 == 7:
+                status = _run(project, "dvc", "queue", "status", env=stage_env).stdout
+                if "Failed" in status or not any(word in status for word in ("Queued", "Running")):
+                    break
+            assert time.monotonic() < deadline, status
+            polls += 1
+            time.sleep(2)
+        failed = [line.split()[1] for line in status.splitlines() if "Failed" in line.split()[-1:]]
+        assert not failed, status + "".join(
+            _run(project, "dvc", "queue", "logs", name, env=stage_env).stdout[-3000:] for name in failed)
+        experiments = _exp_show(project, stage_env)
+        assert sorted(e["value"] for e in experiments.values()) == sorted(SWEEP), experiments
+        runs = _new_runs(client, since)
+        assert sorted(r.data.tags.get("dvc_experiment", "") for r in runs) == sorted(experiments)  # one each
+        for run in runs:
+            exp = experiments[run.data.tags["dvc_experiment"]]
+            _check_run(client, run.info.run_id, reference, exp["value"], exp["metrics"])
+        assert _overlapping(runs), "no two queued experiments logged at the same time (-j 2)"
