@@ -12,33 +12,21 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import mlflow
 import psutil
 import pytest
-import yaml
 
+from tests.integration.support import REPO, clean_env, git, stage_repository
 from tests.stages.conftest import tiny_params
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
-
-
 def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["dvc", *args], cwd=repo, capture_output=True, text=True, env=_env())
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "OTFED_", "DVC_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return env
+    return subprocess.run(["dvc", *args], cwd=repo, capture_output=True, text=True, env=clean_env())
 
 
 def _snapshot(repo: Path) -> dict[str, bytes]:
@@ -54,27 +42,15 @@ def _snapshot(repo: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git + DVC repository with the partition stage run once and committed."""
-    if shutil.which("git") is None or shutil.which("dvc", path=_env()["PATH"]) is None:
-        pytest.skip("needs git and dvc")
     repo = tmp_path_factory.mktemp("project")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("otfed", "stages", "flows"):
-        shutil.copytree(REPO / folder, repo / folder, ignore=ignore)
     shutil.copytree(REPO / "data" / "raw", repo / "data" / "raw")
     params = tiny_params(repo)
     params["partition"]["data_dir"] = "data/raw"
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["partition"]
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"partition": stage}}, sort_keys=False))
-    (repo / ".gitignore").write_text("mlruns.db*\nmlartifacts/\n.prefect/\n/data/partitions\n/data/text_partitions\n")
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "test@example.org")
-    _git(repo, "config", "user.name", "test")
-    assert _dvc(repo, "init", "-q").returncode == 0
+    stage_repository(repo, "partition", params)
     done = _dvc(repo, "repro")
     assert done.returncode == 0, done.stderr
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "partition run")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "partition run")
     return repo
 
 
@@ -111,7 +87,7 @@ def test_a_bad_exp_run_value_leaves_params_yaml_as_it_was(project: Path) -> None
 def _start_repro(repo: Path) -> tuple[subprocess.Popen, list[str]]:
     """``dvc repro --force`` in its own session; returns once the stage has started its tasks."""
     proc = subprocess.Popen(["dvc", "repro", "--force"], cwd=repo, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, env=clean_env(), start_new_session=True)
     lines: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -161,7 +137,7 @@ def test_a_stage_killed_mid_run_loses_nothing_and_leaves_no_process(project: Pat
 def test_a_queued_experiment_logs_into_the_users_store(project: Path) -> None:
     """``dvc exp run --queue`` runs the stage in a temporary copy under .dvc/tmp/exps; its MLflow run must
     land in the user's ``mlruns.db`` (DVC_ROOT), tagged with the experiment and its baseline commit."""
-    head = _git(project, "rev-parse", "HEAD").strip()
+    head = git(project, "rev-parse", "HEAD").strip()
     n_before = len(_runs(project))
     queued = _dvc(project, "exp", "run", "--queue", "-S", "run.seed=7", "-n", "seed-seven")
     assert queued.returncode == 0, queued.stderr

@@ -2,8 +2,6 @@
 arguments go to a Dask cluster once (checked against a real in-process ``distributed`` cluster)."""
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -12,6 +10,7 @@ from prefect_dask import DaskTaskRunner
 from flows import runners
 from otfed.errors import ConfigError
 from stages.params import validate_params
+from tests.integration.support import free_port
 
 
 def test_each_kind_gives_its_prefect_task_runner() -> None:
@@ -50,9 +49,7 @@ def test_a_malformed_address_names_the_key(config_error, address: str) -> None:
 
 
 def test_an_address_where_nothing_listens_is_a_config_error_naming_it() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again below: nothing listens there
+    port = free_port("Dask scheduler")  # closed again: nothing listens there
     with pytest.raises(ConfigError, match=rf"run\.dask_address: no Dask scheduler answers at 'tcp://127.0.0.1:{port}'"):
         runners.check_dask_address(f"tcp://127.0.0.1:{port}", timeout=2)
 
@@ -105,3 +102,57 @@ def test_scattered_arguments_arrive_as_their_values_on_a_real_cluster() -> None:
         futures = [client.submit(lambda parameters: _sum_all(**parameters["kwargs"]),
                                  parameters={"kwargs": m}, pure=False) for m in moved]
         assert client.gather(futures) == expected
+
+
+@pytest.mark.parametrize("jobs", [0, 1, 5, 8, 9, 190])
+@pytest.mark.parametrize("workers", [1, 2, 16])
+def test_batches_deal_every_job_to_exactly_one_task_round_robin(jobs: int, workers: int) -> None:
+    groups = runners.batches(jobs, workers, per_worker=4)
+    assert len(groups) == min(jobs, 4 * workers)
+    assert sorted(k for g in groups for k in g) == list(range(jobs))  # each job once
+    for g, group in enumerate(groups):  # job k in group k mod groups, in job order
+        assert group == [k for k in range(jobs) if k % len(groups) == g]
+    assert max(map(len, groups), default=0) - min(map(len, groups), default=0) <= 1
+
+
+def _square(k: int) -> int:
+    return k * k
+
+
+def test_fan_out_on_dask_returns_every_result_in_job_order_from_batched_tasks() -> None:
+    """11 jobs on a 2-worker cluster go as 8 Prefect tasks (batches of 1–2 jobs); the results come back in
+    job order, each job's own, and the progress counts jobs."""
+    from distributed import LocalCluster
+    from prefect import flow
+
+    from flows import stage
+    from stages.stage import Job
+
+    jobs = [Job(f"square {k}", _square, dict(k=k)) for k in range(11)]
+    steps: list[str] = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stage.Progress, "step", lambda self, name: steps.append(name))
+            results = flow(task_runner=runners.task_runner("dask", 2, cluster.scheduler_address),
+                           validate_parameters=False)(lambda: stage.fan_out(jobs, "test"))()
+    assert results == [k * k for k in range(11)]
+    assert sorted(steps) == sorted(job.name for job in jobs)
+    assert len(runners.batches(11, 2)) == 8
+
+
+def test_local_cluster_workers_get_the_worker_environ() -> None:
+    """A stage's local cluster: every worker process has WORKER_ENVIRON (the mmap threshold that keeps numpy
+    arrays off per-call mmap) besides Dask's own MALLOC_TRIM_THRESHOLD_."""
+    import os
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({}):  # configure_worker_environ's change stays inside this test
+        runners.configure_worker_environ()
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                          host="127.0.0.1") as cluster, Client(cluster, set_as_default=False) as client:
+            seen = client.run(lambda: {k: os.environ.get(k) for k in (*runners.WORKER_ENVIRON,
+                                                                       "MALLOC_TRIM_THRESHOLD_")})
+    (environ,) = seen.values()
+    assert environ == {**runners.WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_": "65536"}

@@ -9,9 +9,7 @@ models and the teachers' messages.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,19 +18,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.support import BIN, REPO, clean_env, free_port
 from tests.stages.conftest import tiny_params
 from tests.stages.test_text_stages import text_params
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.integration
 
 
 def _env(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "OTFED_", "DVC_"))}
-    env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", OTFED_HOME=str(root),
-               PYTHONPATH=str(REPO))  # the test's own job modules import on the workers too
-    return env
+    # the test's own job modules (dying_stage.py) import on the workers too
+    return clean_env(OTFED_HOME=str(root), PYTHONPATH=str(REPO))
 
 
 def _params(root: Path) -> dict:
@@ -124,14 +119,8 @@ def test_a_stage_gives_the_same_outputs_on_every_runner(cluster, name: str, fold
         assert not differ, f"{runner} differs from sequential in {differ}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_address_that_does_not_answer_is_one_error_line_and_writes_nothing(tmp_path: Path) -> None:
-    address = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
+    address = f"tcp://127.0.0.1:{free_port('Dask scheduler')}"  # nothing listens there
     _write_params(tmp_path, "dask", address)
     done = _stage(tmp_path, "partition", timeout=120)
     assert done.returncode == 2

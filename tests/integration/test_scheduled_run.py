@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from typing import Iterator
 
 import httpx
 import pytest
+
+from tests.integration.support import clean_env, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -34,23 +35,6 @@ RUN_TIMEOUT_S = 90          # from serving to the scheduled run Completed
 SCHEDULER_CRASH = re.compile(r"ERROR.*(schedule_deployments|schedule_recent_deployments|Error scheduling)")
 BIND_ERRORS = ("address already in use", "error while attempting to bind", "permission denied",
                "operation not permitted")
-
-
-def _free_port() -> int:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
-    except OSError as exc:
-        pytest.skip(f"cannot bind a TCP port on 127.0.0.1, so no Prefect server can start here: {exc}")
-
-
-def _clean_env(prefect_home: Path, **extra: str) -> dict[str, str]:
-    """The parent environment without any PREFECT_* setting (tests may have set some), plus ours."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PYTHONDONTWRITEBYTECODE="1", **extra)
-    return env
 
 
 def _start(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
@@ -95,10 +79,10 @@ def _tail(path: Path, lines: int = 40) -> str:
 @pytest.fixture
 def prefect_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A real ``prefect server start`` with a fast scheduler; yields (api_url, server log)."""
-    port = _free_port()
+    port = free_port("Prefect server")
     log = tmp_path / "server.log"
-    env = _clean_env(
-        tmp_path / "server-home",
+    env = clean_env(
+        PREFECT_HOME=str(tmp_path / "server-home"),
         PREFECT_SERVER_UI_ENABLED="false",
         # main loop + the loop that schedules just-created deployments (defaults 60 s and 5 s)
         PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2",
@@ -137,8 +121,8 @@ def served_flow(prefect_server: tuple[str, Path], tmp_path: Path) -> Iterator[tu
     """``scheduled_flow.py`` serving the deployment; yields (marker file, serve log)."""
     api, _ = prefect_server
     log, marker = tmp_path / "serve.log", tmp_path / "ran.txt"
-    env = _clean_env(tmp_path / "client-home", PREFECT_API_URL=api,
-                     PREFECT_RUNNER_POLL_FREQUENCY="1")  # default: poll for scheduled runs every 10 s
+    env = clean_env(PREFECT_HOME=str(tmp_path / "client-home"), PREFECT_API_URL=api,
+                    PREFECT_RUNNER_POLL_FREQUENCY="1")  # default: poll for scheduled runs every 10 s
     cmd = [sys.executable, str(FLOW_SCRIPT), DEPLOYMENT_NAME, str(SCHEDULE_DELAY_S), str(marker)]
     proc = _start(cmd, env, tmp_path, log)
     try:

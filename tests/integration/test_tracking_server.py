@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,38 +34,21 @@ import pytest
 import yaml
 
 from stages.partition import PartitionParams, raw_files
+from tests.integration.support import REPO, clean_env, free_port, git, stage_repository
 from tests.stages.conftest import tiny_params
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 STAGE = "partition"
 SWEPT = "partition.federations.bench.samples_per_client"
 SWEEP = (40, 50, 60)
 OTHER = 50                  # the second of the two concurrent processes runs with this value
 SERVER_START_TIMEOUT_S = 90
 STAGE_TIMEOUT_S = 300
+MEETING = Path(__file__).with_name("meeting_stage.py")
 
 
 # ------------------------------------------------------------------------------------------ processes
-def _free_port() -> int:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
-    except OSError as exc:
-        pytest.skip(f"cannot bind a TCP port on 127.0.0.1, so no MLflow server can start here: {exc}")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """The environment of every command: no MLFLOW_ / PREFECT_ / OTFED_ / DVC_ setting of the caller, this
-    virtual environment first on PATH (``dvc``, ``mlflow``), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "OTFED_", "DVC_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONDONTWRITEBYTECODE="1", **extra)
-    return env
-
-
 def _session(sid: int) -> list[psutil.Process]:
     """The live (not zombie) processes of session ``sid``."""
     found = []
@@ -162,7 +144,7 @@ class Server:
 def _start(name: str, cmd: list[str], home: Path, url: str, health: str, **env: str) -> Server:
     log = home / f"{name}.log"
     with open(log, "wb") as out:  # its own session: teardown stops the server and every worker it started
-        proc = subprocess.Popen(cmd, cwd=home, env=_env(**env), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=home, env=clean_env(**env), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     return Server(name, proc, url, health, log)
 
@@ -177,8 +159,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
         pytest.skip("needs make (the documented command is `make mlflow-server`)")
     home = tmp_path_factory.mktemp("servers")
     venv = Path(sys.prefix)
-    mlflow_port = _free_port()
-    prefect_port = next(port for port in iter(_free_port, None) if port != mlflow_port)
+    mlflow_port = free_port("MLflow server")
+    prefect_port = next(port for port in iter(lambda: free_port("Prefect server"), None) if port != mlflow_port)
     started = {
         "mlflow": _start("mlflow", ["make", "--no-print-directory", "-C", str(REPO), "-o", f"{venv}/.installed",
                                     f"VENV={venv}", "mlflow-server", f"MLFLOW_PORT={mlflow_port}",
@@ -216,11 +198,7 @@ def server(servers: dict[str, Server], project: Path) -> str:
 @pytest.fixture(scope="module")
 def stage_env(servers: dict[str, Server], server: str) -> dict[str, str]:
     """The environment every stage (and DVC command) runs in: both servers."""
-    return _env(MLFLOW_TRACKING_URI=server, PREFECT_API_URL=servers["prefect"].url)
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+    return clean_env(MLFLOW_TRACKING_URI=server, PREFECT_API_URL=servers["prefect"].url)
 
 
 def _run(repo: Path, *cmd: str, env: dict[str, str], timeout: float = STAGE_TIMEOUT_S
@@ -233,15 +211,11 @@ def _run(repo: Path, *cmd: str, env: dict[str, str], timeout: float = STAGE_TIME
 @pytest.fixture(scope="module")
 def project(servers: dict[str, Server], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git + DVC repository (committed, nothing run yet) holding a copy of this project's code, tiny
-    params (the ``bench`` federation only) with the raw files they read, and the ``partition`` stage exactly
-    as ``dvc.yaml`` declares it (with its ``metrics:`` entry, so ``dvc exp show`` reports them). Built while
-    the ``servers`` boot."""
-    if shutil.which("git") is None or shutil.which("dvc", path=_env()["PATH"]) is None:
-        pytest.skip("needs git and dvc")
+    params (the ``bench`` federation only) with the raw files they read, and the ``partition`` stage as
+    ``dvc.yaml`` declares it (with its ``metrics:`` entry, so ``dvc exp show`` reports them), run through
+    ``meeting_stage.py``: with ``MEETING_DIR`` set, two runs wait for each other once their MLflow runs are
+    open, so that they log at the same time whatever the machine's load. Built while the ``servers`` boot."""
     repo = tmp_path_factory.mktemp("project")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("otfed", "stages", "flows"):
-        shutil.copytree(REPO / folder, repo / folder, ignore=ignore)
     params = tiny_params(repo)
     params["partition"]["data_dir"] = "data/raw"
     # the swept federation only, and only the raw files it reads: less to copy, hash and run per experiment
@@ -249,20 +223,13 @@ def project(servers: dict[str, Server], tmp_path_factory: pytest.TempPathFactory
     (repo / "data" / "raw").mkdir(parents=True)
     for path in raw_files(PartitionParams.model_validate(params["partition"])):
         shutil.copy2(REPO / path, repo / path)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][STAGE]
-    declared = yaml.safe_load((REPO / "dvc.yaml").read_text())["metrics"]
-    metrics = [m for m in declared if m.startswith(f"reports/{STAGE}/")]
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {STAGE: stage}, "metrics": metrics},
-                                                  sort_keys=False))
-    (repo / ".gitignore").write_text("mlruns.db*\nmlartifacts/\n.prefect/\n/data/partitions\n"
-                                     "/data/text_partitions\n")
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "test@example.org")
-    _git(repo, "config", "user.name", "test")
-    assert subprocess.run(["dvc", "init", "-q"], cwd=repo, env=_env()).returncode == 0
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "code, data, tiny params")
+    stage_repository(repo, STAGE, params, metrics=True)
+    shutil.copy2(MEETING, repo / MEETING.name)  # the concurrent runs meet: see meeting_stage.py
+    pipeline = yaml.safe_load((repo / "dvc.yaml").read_text())
+    pipeline["stages"][STAGE]["cmd"] = f"python {MEETING.name} {STAGE}"
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "code, data, tiny params")
     return repo
 
 
@@ -355,7 +322,7 @@ def _explained(servers: dict[str, Server], project: Path | None = None) -> Itera
         for started in servers.values():
             exc.add_note(f"--- {started.name} server log (tail):\n{_tail(started.log, 30)}")
         if project is not None:
-            state = subprocess.run(["dvc", "queue", "status"], cwd=project, env=_env(), capture_output=True,
+            state = subprocess.run(["dvc", "queue", "status"], cwd=project, env=clean_env(), capture_output=True,
                                    text=True, timeout=120)
             exc.add_note(f"--- dvc queue status:\n{state.stdout}{state.stderr}")
         raise
@@ -396,12 +363,14 @@ def test_two_stage_processes_at_once_lose_nothing(servers: dict[str, Server], se
                                                    stage_env: dict[str, str], project: Path,
                                                    reference: dict[str, Any], tmp_path: Path) -> None:
     """Two ``python -m stages.partition`` processes (two copies of the repository, two param values) log to
-    the server at the same time: two runs, both complete."""
+    the server at the same time (each waits for the other once its run is open): two runs, both complete."""
     with _explained(servers):
         since = int(time.time() * 1000)
         repos = {value: _copy(project, tmp_path / f"repo-{value}", value) for value in (SWEEP[0], OTHER)}
-        procs = {value: subprocess.Popen([sys.executable, "-m", f"stages.{STAGE}"], cwd=repo, text=True,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=stage_env)
+        meeting = dict(stage_env, MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2")
+        (tmp_path / "meeting").mkdir()
+        procs = {value: subprocess.Popen([sys.executable, MEETING.name, STAGE], cwd=repo, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=meeting)
                  for value, repo in repos.items()}
         try:
             outputs = {value: p.communicate(timeout=STAGE_TIMEOUT_S) for value, p in procs.items()}
@@ -452,7 +421,7 @@ def queue_workers_stopped(project: Path) -> Iterator[None]:
         time.sleep(0.5)
     left = _command_lines(_under(project))
     if left:
-        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=project, env=_env(), capture_output=True)
+        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=project, env=clean_env(), capture_output=True)
         psutil.wait_procs(_under(project), timeout=10)
         for p in _under(project):
             try:
@@ -464,16 +433,20 @@ def queue_workers_stopped(project: Path) -> Iterator[None]:
 
 def test_a_queued_sweep_on_two_workers_loses_nothing(servers: dict[str, Server], server: str,
                                                     stage_env: dict[str, str], project: Path,
-                                                    reference: dict[str, Any], queue_workers_stopped: None) -> None:
+                                                    reference: dict[str, Any], queue_workers_stopped: None,
+                                                    tmp_path: Path) -> None:
     """``dvc exp run --queue -S <param>=40,50,60`` then ``dvc queue start -j 2``: the three experiments run
-    two at a time in DVC's temporary copies, each logging to the server; afterwards each experiment has
+    two at a time in DVC's temporary copies (the first two wait for each other once their runs are open: they
+    must overlap), each logging to the server; afterwards each experiment has
     exactly one run (tagged with its name), complete, holding the metrics DVC recorded for it. No queue
     worker is left running (teardown)."""
     with _explained(servers, project):
         since = int(time.time() * 1000)
         client = mlflow.MlflowClient(tracking_uri=server)
         _run(project, "dvc", "exp", "run", "--queue", "-S", f"{SWEPT}={','.join(map(str, SWEEP))}", env=stage_env)
-        _run(project, "dvc", "queue", "start", "-j", "2", env=stage_env)
+        (tmp_path / "meeting").mkdir()  # the first two experiments' runs wait for each other (meeting_stage.py)
+        _run(project, "dvc", "queue", "start", "-j", "2",
+             env=dict(stage_env, MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2"))
         deadline, polls, status = time.monotonic() + 2 * STAGE_TIMEOUT_S, 0, "(not asked yet)"
         while True:  # cheap HTTP polls while the experiments run; DVC is asked once they have all logged (and
             # every ~15 s, so a stage that fails before it opens its run fails the test at once)
