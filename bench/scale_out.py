@@ -9,13 +9,15 @@ K = 10) — run through the stage runner's own ``fan_out`` inside a Prefect flow
   single-threaded worker processes started by the task runner as a stage with ``run.dask_address: null``
   does (its start-up and the workers' first imports are part of the time), and a cluster of the same shape
   already running whose workers have run a Prefect task before (``run.dask_address``: what a sweep of
-  stages shares);
+  stages shares) — and on that cluster once more with one Dask task per job instead of the runner's
+  batches (``flows.runners.batches``: about ``TASKS_PER_WORKER`` tasks per worker), to show what batching
+  saves; the Dask clusters' workers get ``flows.runners.WORKER_ENVIRON`` as a stage's do;
 * ``bare``: the same jobs in a plain Python loop, no Prefect at all (what the Prefect task bookkeeping costs).
 
 All runs happen side by side in one process, one after the other, each ``--repeats`` times (the fastest
 counts); BLAS is limited to one thread in this process (as in the Dask workers), so every runner uses one
 core per task. Reported: wall time, speed-up over ``sequential``, parallel efficiency (speed-up / N) and the
-Prefect overhead per task ((sequential − bare) / tasks). Goal: ``dask`` on N cores ≥ 0.7·N × ``sequential``.
+Prefect overhead per job ((sequential − bare) / jobs). Goal: ``dask`` on N cores ≥ 0.7·N × ``sequential``.
 The machine is shared: its 1-minute load average before each run is recorded.
 
     python -m bench.scale_out                    # N = the machine's cores
@@ -33,7 +35,9 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -42,6 +46,7 @@ from otfed import io
 from stages.stage import Job
 
 OUT = Path("reports/bench")
+ONE_TASK_PER_JOB = "dask, running cluster, one task per job (no batching)"
 GOAL_EFFICIENCY = 0.7
 
 
@@ -58,9 +63,14 @@ def pair_jobs(federation: str, params_path: str, pairs: int | None) -> list[Job]
     return [Job(f"clustering {federation} {kw['a'].name}|{kw['b'].name}", federated_otdd, kw) for kw in sessions]
 
 
-def timed_run(runner: str, workers: int, jobs: list[Job], address: str | None = None) -> tuple[float, list[float]]:
-    """Wall time of the jobs on ``runner`` (inside a Prefect flow, through flows.stage.fan_out; ``bare``: a
-    loop) and their estimates; ``address``: a running Dask scheduler."""
+def timed_run(runner: str, workers: int, jobs: Callable[[], list[Job]], address: str | None = None
+              ) -> tuple[float, list[float]]:
+    """Wall time of building and running the jobs on ``runner`` (inside a Prefect flow, through
+    flows.stage.fan_out; ``bare``: a loop) and their estimates; ``address``: a running Dask scheduler.
+
+    The jobs are built inside the flow, as a stage builds them: Prefect sends the flow (its function and
+    whatever that function closes over) to every Dask task in its serialized context, so a flow closing
+    over the jobs themselves would ship all clients' data with every task (20 clients, ~20 MB per task)."""
     from prefect import flow
 
     from flows.runners import task_runner
@@ -68,10 +78,10 @@ def timed_run(runner: str, workers: int, jobs: list[Job], address: str | None = 
 
     start = time.perf_counter()
     if runner == "bare":
-        results = [job() for job in jobs]
+        results = [job() for job in jobs()]
     else:
         def body() -> list:
-            return fan_out(jobs, label=f"scale_out {runner}")
+            return fan_out(jobs(), label=f"scale_out {runner}")
 
         results = flow(name=f"scale-out-{runner}", task_runner=task_runner(runner, workers, address),
                        validate_parameters=False)(body)()
@@ -92,9 +102,10 @@ def running_cluster(workers: int):
 
     from prefect import flow
 
-    from flows.runners import task_runner
+    from flows.runners import configure_worker_environ, task_runner
     from flows.stage import fan_out
 
+    configure_worker_environ()  # as a stage's local cluster, and as the README starts `dask worker`
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
                            host="127.0.0.1", silence_logs=50)
     with Client(cluster, set_as_default=False) as client:
@@ -121,23 +132,29 @@ def main(argv: list[str] | None = None) -> int:
 
     from threadpoolctl import threadpool_limits
 
+    from flows import runners
+
     from flows.stage import configure_prefect_environment
 
     configure_prefect_environment()
     if not (Path("data/partitions") / f"{args.federation}.npz").exists():
         raise SystemExit(f"error: data/partitions/{args.federation}.npz is missing: run `dvc repro partition`")
-    jobs = pair_jobs(args.federation, args.params, args.pairs)
+    jobs = partial(pair_jobs, args.federation, args.params, args.pairs)  # built inside each timed run
+    tasks = len(jobs())
     rows, reference = [], None
+    per_worker = runners.TASKS_PER_WORKER
     _warm_up()
     cluster = running_cluster(args.workers)
     settings = [("bare", "bare", 1, None), ("sequential", "sequential", 1, None),
                 ("thread", "thread", args.workers, None),
                 ("dask, local cluster started by the stage", "dask", args.workers, None),
-                ("dask, running cluster (run.dask_address)", "dask", args.workers, cluster.scheduler_address)]
+                ("dask, running cluster (run.dask_address)", "dask", args.workers, cluster.scheduler_address),
+                (ONE_TASK_PER_JOB, "dask", args.workers, cluster.scheduler_address)]
     try:
         with threadpool_limits(limits=1, user_api="blas"):
             for label, runner, n, address in settings:
                 best = float("inf")
+                runners.TASKS_PER_WORKER = len(jobs()) if label == ONE_TASK_PER_JOB else per_worker
                 for _ in range(args.repeats):
                     load = os.getloadavg()[0]
                     seconds, estimates = timed_run(runner, n, jobs, address)
@@ -146,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
                     if not np.array_equal(estimates, reference):
                         raise SystemExit(f"error: {label} gave other estimates than bare: runners must agree")
                     best = min(best, seconds)
-                rows.append(dict(runner=label, workers=n, tasks=len(jobs), seconds=best, load_1min=load))
+                rows.append(dict(runner=label, workers=n, jobs=tasks, seconds=best, load_1min=load,
+                                 dask_tasks=len(runners.batches(tasks, n)) if runner == "dask" else pd.NA))
     finally:
+        runners.TASKS_PER_WORKER = per_worker
         cluster.close()
     table = pd.DataFrame(rows)
     seq = float(table.loc[table.runner == "sequential", "seconds"].iloc[0])
@@ -158,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     io.write_csv(table, OUT / f"{args.name}.csv")
     command = " ".join(["python -m bench.scale_out", *(argv if argv is not None else sys.argv[1:])])
-    header = (f"Pairwise FedWaD fan-out: {len(jobs)} pairs of federation {args.federation!r} "
+    header = (f"Pairwise FedWaD fan-out: {tasks} pairs of federation {args.federation!r} "
               f"(`{command}`, {os.cpu_count()} cores). Prefect overhead "
-              f"per task (sequential − bare) / tasks: {(seq - bare) / len(jobs) * 1000:.0f} ms. Goal: dask "
+              f"per job (sequential − bare) / jobs: {(seq - bare) / tasks * 1000:.0f} ms. Goal: dask "
               f"efficiency ≥ {GOAL_EFFICIENCY}.\n\n")
     io.write_text(header + io.markdown_table(table.round(3)), OUT / f"{args.name}.md")
     print(io.markdown_table(table.round(3)))

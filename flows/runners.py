@@ -13,6 +13,11 @@ arguments shared by several jobs — the clients of a federation that every clie
 scattered to the cluster *once* (:func:`scatter_shared`) and the jobs carry only a reference: the 190
 pairs of a 20-client federation move each client's samples to a worker at most once, not 19 times.
 
+**Batches.** A Dask task — a Prefect task run on a worker process — costs ~0.1–0.25 s of scheduling and
+Prefect API calls, more than many jobs' own work (a client pair's FedWaD session: ~60 ms). On a Dask cluster
+a stage's jobs therefore go as about :data:`TASKS_PER_WORKER` tasks per worker (:func:`batches`, jobs dealt
+round-robin); on threads each job stays its own task. ``python -m bench.scale_out`` measures both.
+
 **Remote workers** need the same code and data at the same paths as the machine that starts the stage
 (run them from a checkout of the same commit, with ``data/`` in place — e.g. a shared file system), and a
 Prefect API they can reach: a stage's temporary Prefect server listens on 127.0.0.1 only, so for workers
@@ -35,6 +40,14 @@ RUNNERS = ("sequential", "thread", "dask")
 # least SCATTER_BYTES (then even a single job's argument goes to the cluster ahead of the job)
 SHARED_BYTES = 64 << 10
 SCATTER_BYTES = 1 << 20
+# a Dask task (a Prefect task run on a worker process) costs ~0.1–0.25 s of scheduling and API calls, more
+# than one client pair's FedWaD session: a stage's jobs go to the cluster as about this many tasks per worker
+TASKS_PER_WORKER = 4
+# Environment of Dask worker processes: ``distributed`` sets MALLOC_TRIM_THRESHOLD_=65536 for them, and setting
+# any malloc threshold turns off glibc's dynamic mmap threshold, so every array over 128 KiB is mmap'd and
+# page-faulted afresh: a FedWaD pair session runs ~2× slower (`python -m bench.worker_environ`). A fixed 32 MiB mmap threshold gives back in-process speed and keeps
+# Dask's memory trimming. Started by a stage (local cluster) it is set here; for `dask worker` see the README.
+WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 
 def task_runner(kind: str, max_workers: int, dask_address: str | None = None) -> Any:
@@ -50,10 +63,20 @@ def task_runner(kind: str, max_workers: int, dask_address: str | None = None) ->
 
         if dask_address:
             return DaskTaskRunner(address=dask_address)
+        configure_worker_environ()
         return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=dict(
             n_workers=max_workers, threads_per_worker=1, processes=True, dashboard_address=None,
             host="127.0.0.1", silence_logs=50))
     raise ValueError(f"run.task_runner must be one of {', '.join(RUNNERS)} (got {kind!r})")
+
+
+def configure_worker_environ() -> None:
+    """Worker processes that this process's Dask ``LocalCluster`` starts from now on get
+    :data:`WORKER_ENVIRON` (dask config ``distributed.nanny.pre-spawn-environ``)."""
+    import dask
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+    dask.config.set({"distributed.nanny.pre-spawn-environ": {**environ, **WORKER_ENVIRON}})
 
 
 def dask_client(runner: Any) -> Any:
@@ -63,6 +86,24 @@ def dask_client(runner: Any) -> Any:
     except ImportError:
         return None
     return runner.client if isinstance(runner, DaskTaskRunner) else None
+
+
+def dask_workers(client: Any) -> int:
+    """How many tasks the cluster behind ``client`` runs at once (its workers' threads; at least 1)."""
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
+
+
+def batches(jobs: int, workers: int, per_worker: int | None = None) -> list[list[int]]:
+    """The job indices of each Dask task: ``min(jobs, per_worker · workers)`` groups (``per_worker``:
+    :data:`TASKS_PER_WORKER`), dealt round-robin (job k goes to group k mod groups), so that groups mixing
+    cheap and costly jobs — a stage lists them kind by kind — take about equally long. Every job is in
+    exactly one group; each group is in job order."""
+    if jobs == 0:
+        return []
+    per_worker = TASKS_PER_WORKER if per_worker is None else per_worker
+    count = min(jobs, max(1, per_worker * workers))
+    return [list(range(g, jobs, count)) for g in range(count)]
 
 
 def describe(kind: str, max_workers: int, dask_address: str | None) -> str:

@@ -113,10 +113,10 @@ def _run_job(job: Job) -> Any:
         raise
 
 
-def _run_call(name: str, fn: Any, kwargs: Mapping[str, Any]) -> Any:
-    """:func:`_run_job` of ``Job(name, fn, kwargs)``: a task's parameters (a Dask task runner resolves the
-    futures of scattered arguments inside ``kwargs`` before the call)."""
-    return _run_job(Job(name, fn, kwargs))
+def _run_batch(names: list[str], fns: list[Any], calls: list[Mapping[str, Any]]) -> list[Any]:
+    """:func:`_run_job` of each ``Job(name, fn, kwargs)`` in turn: one task's parameters (a Dask task runner
+    resolves the futures of scattered arguments inside ``calls`` before the call)."""
+    return [_run_job(Job(name, fn, kwargs)) for name, fn, kwargs in zip(names, fns, calls)]
 
 
 def failed_task(exc: BaseException) -> str | None:
@@ -128,9 +128,10 @@ def failed_task(exc: BaseException) -> str | None:
 
 
 def fan_out(jobs: list[Job], label: str = "stage") -> list[Any]:
-    """Run every job; results in job order, a progress line per finished job. Inside a flow run each job is
-    a Prefect task run (named after the job) submitted to the flow's task runner; outside one they run
-    in-process, in order."""
+    """Run every job; results in job order, a progress line per finished job. Inside a flow run the jobs are
+    Prefect task runs submitted to the flow's task runner — one per job, or on a Dask cluster one per
+    :func:`flows.runners.batches` group of jobs (a Dask task costs far more than a thread's); outside one
+    they run in-process, in order."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
     from prefect.context import FlowRunContext
@@ -145,27 +146,39 @@ def fan_out(jobs: list[Job], label: str = "stage") -> list[Any]:
         return results
     calls = [dict(job.kwargs) for job in jobs]
     client = runners.dask_client(FlowRunContext.get().task_runner)
+    groups = [[k] for k in range(len(jobs))]
     if client is not None:  # large / shared arguments go to the cluster once, the jobs carry references
         calls = runners.scatter_shared(client, calls)
-    futures = [task(_run_call, name=job.fn.__name__.replace("_", "-"), task_run_name=job.name,
-                    cache_policy=NO_CACHE).submit(job.name, job.fn, kwargs) for job, kwargs in zip(jobs, calls)]
-    names = {id(f): job.name for f, job in zip(futures, jobs)}
+        groups = runners.batches(len(jobs), runners.dask_workers(client))
+    futures, members = [], {}
+    for group in groups:
+        first = jobs[group[0]]
+        name = first.name if len(group) == 1 else f"{first.name} and {len(group) - 1} more"
+        future = task(_run_batch, name=first.fn.__name__.replace("_", "-"), task_run_name=name,
+                      cache_policy=NO_CACHE).submit([jobs[k].name for k in group], [jobs[k].fn for k in group],
+                                                    [calls[k] for k in group])
+        futures.append(future)
+        members[id(future)] = (name, group)
+    results: list[Any] = [None] * len(jobs)
     try:
         for future in as_completed(futures):
+            name, group = members[id(future)]
             try:
-                future.result()  # raises the first failure (with its task name) at once
+                done = future.result()  # raises the first failure (with its task name) at once
             except Exception as exc:  # e.g. a Dask worker died: the job never added its name
                 if failed_task(exc) is None:
-                    exc.add_note(f"in task {names[id(future)]!r}")
+                    exc.add_note(f"in task {name!r}")
                 raise
-            progress.step(names[id(future)])
+            for k, result in zip(group, done):
+                results[k] = result
+                progress.step(jobs[k].name)
     except BaseException:  # a failure or an interrupt: tasks not started yet never start
         for future in futures:
             wrapped = getattr(future, "wrapped_future", None)
             if wrapped is not None:
                 wrapped.cancel()
         raise
-    return [f.result() for f in futures]
+    return results
 
 
 # MLflow artifact folder of what a stage measures about its own run (never a committed output): the full tables,
