@@ -11,10 +11,12 @@ A^k = W(μ,ξ_μ^k) + W(ξ_μ^k,ξ^k) + W(ξ^k,ξ_ν^k) + W(ξ_ν^k,ν) is non-i
 
 Client and server steps are pure functions of their inputs (a private measure, or messages); the
 :class:`WassersteinClient` / :class:`WassersteinServer` roles wrap them behind typed messages, and
-:func:`fedwad` drives the protocol over a :class:`~otfed.federation.ledger.Channel`.
+:func:`fedwad` drives the protocol over a :class:`~otfed.federation.ledger.Channel`. Every OT subproblem
+goes through :func:`subproblem_transport` (solver choice, and the fallback of ``solver="auto"``).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,10 +24,10 @@ import numpy as np
 
 from pydantic import Field, model_validator
 
-from otfed.errors import SupportGrowthError
+from otfed.errors import OTConvergenceError, SupportGrowthError
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
-from otfed.ot import Measure, interpolating_measure, optimal_transport
+from otfed.ot import Measure, Transport, interpolate_approx, interpolate_exact, optimal_transport
 from otfed.schema import InterpolationTime, Strict
 
 Interpolation = Literal["approx", "exact"]
@@ -40,7 +42,11 @@ class FedWaDConfig(Strict):
 
     ``solver="auto"`` picks per subproblem (:func:`subproblem_solver`): the network simplex for exact
     interpolation (eq. 5 needs its sparse vertex plan) and for comparable sizes; the semi-dual Newton
-    solver when one side is ≥ 100× larger than the other (S ≪ n), where it is 6–180× faster.
+    solver when one side is ≥ 100× larger than the other (S ≪ n), where it is 6–180× faster. Should
+    Newton fail on a subproblem (:class:`~otfed.errors.OTConvergenceError`, or a non-finite plan), ``auto``
+    solves that subproblem with the network simplex instead and says so with a ``RuntimeWarning``
+    (:func:`subproblem_transport`). An explicit ``"semidual_newton"`` or ``"network_simplex"`` never
+    falls back: its errors propagate.
     ``record_history`` keeps A^k per iteration; ``max_support`` (exact mode) stops with
     :class:`SupportGrowthError` beyond this many atoms.
     """
@@ -51,7 +57,8 @@ class FedWaDConfig(Strict):
     p: Literal[1, 2] = 2
     interpolation: Interpolation = "approx"
     solver: Solver = Field("auto", description="auto: network simplex for exact interpolation and comparable "
-                                               "sizes, semi-dual Newton for approx with S ≪ n.")
+                                               "sizes, semi-dual Newton for approx with S ≪ n (network "
+                                               "simplex, with a warning, where Newton fails).")
     init_scale: float = Field(1.0, gt=0.0, description="ξ⁰ ~ N(0, init_scale² I).")
     record_history: bool = False
     max_support: int | None = Field(None, ge=1)
@@ -75,12 +82,46 @@ SEMIDUAL_MIN_RATIO = 100
 def subproblem_solver(config: FedWaDConfig, n: int, m: int) -> str:
     """The OT solver for one n×m subproblem. ``auto``: semi-dual Newton iff approximate interpolation and
     max(n, m) ≥ 100·min(n, m) — measured: 10×20,000 ≈ 100× faster than the network simplex, 100×20,000
-    6×, but 100–200 × 2,000–5,000 2–3× slower (bench/ and tests/ot)."""
+    6×, but 100–200 × 2,000–5,000 2–3× slower (bench/ and tests/ot). Where Newton then fails,
+    :func:`subproblem_transport` falls back to the network simplex."""
     if config.solver != "auto":
         return config.solver
     if config.interpolation == "exact":
         return "network_simplex"
     return "semidual_newton" if max(n, m) >= SEMIDUAL_MIN_RATIO * min(n, m) else "network_simplex"
+
+
+def subproblem_transport(source: Measure, target: Measure, config: FedWaDConfig) -> Transport:
+    """The optimal plan and W_p(source, target) of one FedWaD subproblem (SPEC §0; Algorithm 1, the plan
+    behind every InterpMeas and the final distances), by the solver :func:`subproblem_solver` picks.
+
+    ``solver="auto"`` falls back: where it picked the semi-dual Newton solver and that raises
+    :class:`~otfed.errors.OTConvergenceError` (e.g. its column marginal stalls above ``tol`` after
+    ``max_newton`` steps) or returns a non-finite plan, the subproblem is solved again, exactly, by the
+    network simplex, and a ``RuntimeWarning`` names the problem size and Newton's failure — once per
+    fallback. If the network simplex fails as well, :class:`~otfed.errors.OTConvergenceError` names both
+    failures. Without a fallback the result is exactly that of the picked solver. An explicit solver in
+    the config is used as asked, with no fallback.
+    """
+    solver = subproblem_solver(config, source.n, target.n)
+    if config.solver != "auto" or solver != "semidual_newton":
+        return optimal_transport(source, target, p=config.p, solver=solver)
+    try:
+        transport = optimal_transport(source, target, p=config.p, solver=solver)
+    except OTConvergenceError as error:
+        reason = str(error)
+    else:
+        if np.isfinite(transport.cost) and np.isfinite(transport.plan).all():
+            return transport
+        reason = "its plan or cost is not finite"
+    size = f"{source.n}×{target.n}"
+    warnings.warn(f"FedWaD solver='auto': the semi-dual Newton solver failed on a {size} subproblem ({reason}); "
+                  f"solved it with the network simplex instead", RuntimeWarning, stacklevel=2)
+    try:
+        return optimal_transport(source, target, p=config.p, solver="network_simplex")
+    except OTConvergenceError as error:
+        raise OTConvergenceError(f"FedWaD solver='auto': both solvers failed on a {size} subproblem — semi-dual "
+                                 f"Newton: {reason}; network simplex (fallback): {error}") from error
 
 
 def draw_t(config: FedWaDConfig, rng: np.random.Generator) -> float:
@@ -91,10 +132,12 @@ def draw_t(config: FedWaDConfig, rng: np.random.Generator) -> float:
 def interpolation_step(source: Measure, target: Measure, t: float, config: FedWaDConfig) -> tuple[Measure, float]:
     """InterpMeas(source → target) at time t: eq. 10 (approx, support = |source|) or eq. 5 (exact).
 
-    Returns the interpolating measure and W_p(source, target) (one plan serves both).
+    Returns the interpolating measure and W_p(source, target) (one plan, :func:`subproblem_transport`,
+    serves both).
     """
-    return interpolating_measure(source, target, t, p=config.p, mode=config.interpolation,
-                                 solver=subproblem_solver(config, source.n, target.n))
+    transport = subproblem_transport(source, target, config)
+    build = interpolate_approx if config.interpolation == "approx" else interpolate_exact
+    return build(source, target, transport.plan, t), transport.cost
 
 
 def client_step(private: Measure, xi: Measure, t: float, config: FedWaDConfig) -> Measure:
@@ -114,7 +157,7 @@ def server_step(xi_mu: Measure, xi_nu: Measure, t: float, config: FedWaDConfig) 
 
 def distance_to(private: Measure, xi: Measure, config: FedWaDConfig) -> float:
     """W_p(private, ξ), computed by the client that holds ``private`` (Algorithm 1, line 9)."""
-    return optimal_transport(private, xi, p=config.p, solver=subproblem_solver(config, private.n, xi.n)).cost
+    return subproblem_transport(private, xi, config).cost
 
 
 class WassersteinClient:
