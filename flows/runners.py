@@ -18,6 +18,10 @@ Prefect API calls, more than many jobs' own work (a client pair's FedWaD session
 a stage's jobs therefore go as about :data:`TASKS_PER_WORKER` tasks per worker (:func:`batches`, jobs dealt
 round-robin); on threads each job stays its own task. ``python -m bench.scale_out`` measures both.
 
+**Parties on workers.** :class:`DaskWorkers` is :class:`otfed.federation.parties.Workers` on a Dask
+cluster, for one protocol run spread over workers (``fedbary(..., workers=DaskWorkers(client))``): the
+clients become Dask actors, the server's per-client computations Dask tasks (``bench/fedbary_scale_out.py``).
+
 **Remote workers** need the same code and data at the same paths as the machine that starts the stage
 (run them from a checkout of the same commit, with ``data/`` in place — e.g. a shared file system), and a
 Prefect API they can reach: a stage's temporary Prefect server listens on 127.0.0.1 only, so for workers
@@ -167,3 +171,68 @@ def _worth_scattering(value: Any, uses: int) -> bool:
     except Exception:  # not picklable with pickle (cloudpickle may still manage): leave it in the call
         return False
     return size >= (SHARED_BYTES if uses >= 2 else SCATTER_BYTES)
+
+
+class DaskWorkers:
+    """:class:`otfed.federation.parties.Workers` on a Dask cluster: each hosted party is a Dask *actor*
+    on a worker (parties dealt round-robin over the workers; its data and state stay there, and only the
+    return values of its methods — the messages — come back), and the server's per-client computations
+    are Dask tasks, with a value shared by many calls (the server's target Q) scattered once per map.
+    Results come back in call order. The workers must import the same ``otfed`` (same checkout)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.hosted_on: list[str] = []  # after host(): the address of the worker each party lives on
+
+    def map(self, fn: Any, calls: list[Mapping[str, Any]]) -> list[Any]:
+        moved = scatter_shared(self.client, calls)
+        return self.client.gather([self.client.submit(_apply, fn, kwargs, pure=False) for kwargs in moved])
+
+    def host(self, parties: list[Any]) -> "_DaskHosted":
+        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        if not workers:
+            raise RuntimeError("the Dask cluster has no workers to host the parties")
+        futures = [self.client.submit(_Hosted, party, actor=True, workers=[workers[i % len(workers)]], pure=False)
+                   for i, party in enumerate(parties)]
+        hosted = _DaskHosted(self.client, futures, window=2 * len(workers))
+        where = self.client.who_has(futures)
+        self.hosted_on = [where[future.key][0] for future in futures]  # the worker of each party, as placed
+        return hosted
+
+
+def _apply(fn: Any, kwargs: Mapping[str, Any]) -> Any:
+    return fn(**kwargs)
+
+
+class _Hosted:
+    """The Dask actor around one party object."""
+
+    def __init__(self, party: Any) -> None:
+        self.party = party
+
+    def call(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        return getattr(self.party, method)(*args, **kwargs)
+
+
+class _DaskHosted:
+    def __init__(self, client: Any, futures: list[Any], window: int) -> None:
+        # the futures that created the actors are kept: an actor lives as long as its key is referenced, and
+        # an actor handle made without a default client holds no reference of its own
+        self._client, self._futures, self._window = client, futures, max(1, window)
+        self._actors = [future.result() for future in futures]
+
+    def call(self, method: str, args: Any = None, **kwargs: Any) -> list[Any]:
+        args = [()] * len(self._actors) if args is None else list(args)
+        if len(args) != len(self._actors):
+            raise ValueError(f"{method}: {len(args)} argument tuples for {len(self._actors)} parties")
+        calls = list(zip(self._actors, args))
+        results: list[Any] = []
+        # at most `window` calls in flight: a worker runs its actors' calls one at a time anyway
+        with self._client.as_current():  # an actor handle reaches its worker through the current client
+            pending = [actor.call(method, tuple(a), kwargs) for actor, a in calls[:self._window]]
+            for k in range(len(calls)):
+                results.append(pending[k].result())
+                if k + self._window < len(calls):
+                    actor, a = calls[k + self._window]
+                    pending.append(actor.call(method, tuple(a), kwargs))
+        return results

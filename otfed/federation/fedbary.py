@@ -67,12 +67,12 @@ import numpy as np
 from pydantic import Field
 
 from otfed.errors import DegenerateClientError, SupportGrowthError
-from otfed.federation.fedwad import (FedWaDConfig, draw_t, interpolation_step,
-                                     subproblem_solver)
+from otfed.federation.fedwad import FedWaDConfig, draw_t, interpolation_step, subproblem_transport
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
 from otfed.federation.otdd import LabelledData, augmented_measure
-from otfed.ot import Measure, interpolate_approx, optimal_transport
+from otfed.federation.parties import InProcess, Workers
+from otfed.ot import Measure, interpolate_approx
 from otfed.valuation.calibrated import datum_values as calibrated_datum_values
 
 BarycenterStep = Literal["reweighted", "interpolants"]
@@ -108,8 +108,8 @@ class FedBaryConfig(FedWaDConfig):
 
 
 def _distance(mu: Measure, nu: Measure, config: FedWaDConfig) -> float:
-    """W_p(μ, ν) with the subproblem solver FedWaD would pick for these sizes."""
-    return optimal_transport(mu, nu, p=config.p, solver=subproblem_solver(config, mu.n, nu.n)).cost
+    """W_p(μ, ν) with the subproblem solver FedWaD would pick for these sizes (and its fallback)."""
+    return subproblem_transport(mu, nu, config).cost
 
 
 def geodesic_split(endpoint: Measure, gamma: Measure, t: float, config: FedBaryConfig) -> tuple[Measure, float]:
@@ -138,8 +138,7 @@ def barycentric_map(source: Measure, target: Measure, config: FedBaryConfig) -> 
     """T_{source→target}(X) = (π Y)_i / a_i for every atom of ``source`` — the barycentric projection of
     the optimal plan π (FedWaD eq. 10 at t = 1) — and W_p(source, target) from the same plan.
     Returns an (n_source, d) array and the distance."""
-    fw = config.fedwad()
-    transport = optimal_transport(source, target, p=config.p, solver=subproblem_solver(fw, source.n, target.n))
+    transport = subproblem_transport(source, target, config.fedwad())
     return interpolate_approx(source, target, transport.plan, 1.0).support, transport.cost
 
 
@@ -154,7 +153,7 @@ def geodesic_fraction(d_server: float, d_client: float, floor: float) -> float:
 
 def barycenter_step(support: Measure, gammas: Sequence[Measure], config: FedBaryConfig,
                     client_distances: Sequence[float] | None = None,
-                    weights: Sequence[float] | None = None) -> Measure:
+                    weights: Sequence[float] | None = None, workers: Workers | None = None) -> Measure:
     """One free-support barycenter fixed-point step X̃_Q ← Σ_i w_i T_{Q→γ_i}(X̃_Q) (Algorithm 1, line 8).
 
     T is the barycentric map (:func:`barycentric_map`). ``client_distances=None`` or
@@ -164,6 +163,7 @@ def barycenter_step(support: Measure, gammas: Sequence[Measure], config: FedBary
     client's d_i ≈ W(P_i, γ_i): since T_{Q→γ_i} − Id = ŝ_i (T_{Q→P_i} − Id) on the geodesic, the step
     is h·Σ_i λ_i (T_{Q→P_i}(X) − X) with h = 1/Σ_i(λ_i/ŝ_i) ≤ 1 — the free-support fixed point of the
     P_i, damped. ``weights`` λ_i default to 1/N. Q's weights stay fixed (uniform); only its support moves.
+    The N barycentric maps are independent: ``workers`` (default: in order, in this process) computes them.
     """
     n = len(gammas)
     if n == 0:
@@ -176,8 +176,9 @@ def barycenter_step(support: Measure, gammas: Sequence[Measure], config: FedBary
         raise ValueError(f"need {n} client distances, got {len(client_distances)}")  # type: ignore[arg-type]
     X = support.support
     displacement, inv_s = [], np.ones(n)
-    for i, gamma in enumerate(gammas):
-        mapped, w_q_gamma = barycentric_map(support, gamma, config)
+    maps = (workers or InProcess()).map(barycentric_map, [dict(source=support, target=gamma, config=config)
+                                                          for gamma in gammas])
+    for i, (mapped, w_q_gamma) in enumerate(maps):
         displacement.append(mapped - X)
         if reweight:
             inv_s[i] = 1.0 / geodesic_fraction(w_q_gamma, float(client_distances[i]),  # type: ignore[index]
@@ -300,7 +301,7 @@ class BaryServer:
         return self.target
 
     def update_barycenter(self, gammas: Sequence[MeasureMessage],
-                          client_distances: Sequence[DistanceMessage]) -> Measure:
+                          client_distances: Sequence[DistanceMessage], workers: Workers | None = None) -> Measure:
         """Algorithm 1, line 8 (no validation set): one barycenter fixed-point step towards the γ_i
         (:func:`barycenter_step`; the clients' distances give ŝ_i for the ``"reweighted"`` step)."""
         if self.has_validation:
@@ -308,7 +309,7 @@ class BaryServer:
         assert self.target is not None, "initialise() first"
         by_sender = {d.sender: d.value for d in client_distances}
         self.target = barycenter_step(self.target, [g.measure for g in gammas], self.config,
-                                      client_distances=[by_sender[g.sender] for g in gammas])
+                                      client_distances=[by_sender[g.sender] for g in gammas], workers=workers)
         return self.target
 
     def respond(self, gamma: MeasureMessage) -> tuple[MeasureMessage, DistanceMessage]:
@@ -319,6 +320,26 @@ class BaryServer:
         eta_q, d_server = geodesic_split(self.target, gamma.measure, t, self.config)
         return (MeasureMessage("eta_Q", self.name, gamma.sender, measure=eta_q),
                 DistanceMessage("server_distance", self.name, self.name, value=d_server))
+
+    def respond_all(self, gammas: Sequence[MeasureMessage], workers: Workers | None = None
+                    ) -> list[tuple[MeasureMessage, DistanceMessage]]:
+        """:meth:`respond` to every γ_i, the N computations on ``workers``: the t's are drawn first, in
+        message order, so the replies equal those of :meth:`respond` called in that order."""
+        assert self.target is not None, "initialise() first"
+        ts = [draw_t(self.config.fedwad(), self._rng) for _ in gammas]
+        splits = (workers or InProcess()).map(geodesic_split, [
+            dict(endpoint=self.target, gamma=g.measure, t=t, config=self.config) for g, t in zip(gammas, ts)])
+        return [(MeasureMessage("eta_Q", self.name, g.sender, measure=eta_q),
+                 DistanceMessage("server_distance", self.name, self.name, value=d_server))
+                for g, (eta_q, d_server) in zip(gammas, splits)]
+
+    def final_distances(self, gammas: Sequence[MeasureMessage], client_distances: Sequence[DistanceMessage],
+                        workers: Workers | None = None) -> np.ndarray:
+        """:meth:`final_distance` of every client, the N W(γ_i, Q) on ``workers``."""
+        assert self.target is not None
+        own = (workers or InProcess()).map(_distance, [dict(mu=g.measure, nu=self.target, config=self.config.fedwad())
+                                                       for g in gammas])
+        return np.array([d.value + w for d, w in zip(client_distances, own)])
 
     def final_distance(self, gamma: MeasureMessage, client_distance: DistanceMessage) -> float:
         """Closing round: W(P_i, Q) ≤ W(P_i, γ_i) + W(γ_i, Q), the client's value plus the server's own."""
@@ -361,10 +382,16 @@ class FedBaryResult:
 
 
 def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel | None = None,
-            datum_values: bool = False, potential: Potential = "sinkhorn") -> FedBaryResult:
+            datum_values: bool = False, potential: Potential = "sinkhorn",
+            workers: Workers | None = None) -> FedBaryResult:
     """Run FedBary Algorithm 1 between ``clients`` and ``server`` through ``channel`` (every message is
     ledgered). ``datum_values=True`` also has each client compute its calibrated gradients (eq. 10)
-    locally at the end."""
+    locally at the end.
+
+    ``workers`` (:mod:`otfed.federation.parties`; default :class:`~otfed.federation.parties.InProcess`, in
+    order): where the clients live — they are handed to ``workers.host`` and from then on only their
+    methods are called, by name, and their messages come back — and where the server's N independent
+    computations per round run. Same clients and seeds → the same result on any ``workers``."""
     if not clients:
         raise ValueError("FedBary needs at least one client")
     names = [c.name for c in clients]
@@ -375,32 +402,33 @@ def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel 
         raise ValueError(f"clients have different augmented dimensions: {dims}")
     channel = channel or Channel(session="fedbary")
     config = server.config
+    workers = workers or InProcess()
     server.initialise(clients[0].dim)
+    hosted = workers.host(clients)  # from here on the clients are reached only through their methods
     history: list[float] = []
     per_client: list[list[float]] = []
     for k in range(1, config.iterations + 1):
         channel.round = k
-        reports = [c.report() for c in clients]
+        reports = hosted.call("report")
         gammas = [channel.send(g) for g, _ in reports]
         d_clients = [channel.send(d) for _, d in reports]
         if not server.has_validation and k >= 2:
-            server.update_barycenter(gammas, d_clients)
-        replies = [server.respond(g) for g in gammas]
-        for client, (eta_q, _) in zip(clients, replies):
-            client.update(channel.send(eta_q))
+            server.update_barycenter(gammas, d_clients, workers)
+        replies = server.respond_all(gammas, workers)
+        hosted.call("update", [(channel.send(eta_q),) for eta_q, _ in replies])
         row = [server.estimate(dc, ds) for dc, (_, ds) in zip(d_clients, replies)]
         per_client.append(row)
         history.append(float(sum(row)))
     channel.round = config.iterations + 1
-    finals = [c.final_report() for c in clients]
+    finals = hosted.call("final_report")
     gammas = [channel.send(g) for g, _ in finals]
     d_finals = [channel.send(d) for _, d in finals]
     if not server.has_validation:
-        server.update_barycenter(gammas, d_finals)
-    distances = np.array([server.final_distance(g, d) for g, d in zip(gammas, d_finals)])
+        server.update_barycenter(gammas, d_finals, workers)
+    distances = server.final_distances(gammas, d_finals, workers)
     values = None
     if datum_values:
-        values = {c.name: c.datum_values(potential=potential) for c in clients}
+        values = dict(zip(names, hosted.call("datum_values", potential=potential)))
     assert server.target is not None
     return FedBaryResult(names=names, distances=distances, contributions=contribution_percent(distances),
                          target=server.target, history=history, client_history=np.array(per_client),
@@ -409,7 +437,8 @@ def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel 
 
 def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig,
                         validation: LabelledData | None = None, seed: int = 0, channel: Channel | None = None,
-                        datum_values: bool = False, potential: Potential = "sinkhorn") -> FedBaryResult:
+                        datum_values: bool = False, potential: Potential = "sinkhorn",
+                        workers: Workers | None = None) -> FedBaryResult:
     """Convenience: FedBary over labelled client datasets (each augmented client-side with its own class
     statistics), with the server's ``validation`` set (augmented with the server's statistics) as Q, or
     the federated barycenter when ``validation`` is None. Every party is seeded from ``seed``.
@@ -425,16 +454,17 @@ def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig,
         except DegenerateClientError as exc:
             raise DegenerateClientError(f"server validation set: {exc}") from exc
     server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
-    return fedbary(clients, server, channel=channel, datum_values=datum_values, potential=potential)
+    return fedbary(clients, server, channel=channel, datum_values=datum_values, potential=potential,
+                   workers=workers)
 
 
 def fedbary_on_measures(measures: Sequence[Measure], names: Sequence[str], config: FedBaryConfig,
                         target: Measure | None = None, seed: int = 0, datum_values: bool = False,
-                        potential: Potential = "sinkhorn") -> FedBaryResult:
+                        potential: Potential = "sinkhorn", workers: Workers | None = None) -> FedBaryResult:
     """FedBary Algorithm 1 on clients given as (already label-augmented) measures, seeded exactly as
     :func:`federated_valuation` (same ``seed`` and measures → same numbers), so that runs on modified
     measures share every random draw (γ_i^(0), X̃_Q^(0), the t's) with the original (FedBary table 3)."""
     seeds = np.random.SeedSequence(seed).spawn(len(measures) + 1)
     clients = [BaryClient(name, m, config, np.random.default_rng(s)) for name, m, s in zip(names, measures, seeds)]
     server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
-    return fedbary(clients, server, datum_values=datum_values, potential=potential)
+    return fedbary(clients, server, datum_values=datum_values, potential=potential, workers=workers)

@@ -14,6 +14,7 @@ from otfed.federation import Channel, DistanceMessage, LabelledData, MeasureMess
 from otfed.federation.fedbary import (BaryClient, BaryServer, FedBaryConfig, barycenter_step, contribution_percent,
                                       fedbary, federated_valuation, geodesic_split)
 from otfed.ot import Measure, augment_with_label_stats, class_statistics
+from otfed.federation.parties import InProcess, Workers
 
 
 def exact_w2(x: np.ndarray, y: np.ndarray) -> float:
@@ -219,13 +220,19 @@ def test_server_never_receives_a_client_sample_and_sends_only_eta_q() -> None:
 
 
 def test_server_methods_take_messages_only() -> None:
+    """Every data parameter of the server's protocol methods is a message (or a sequence of them); the only
+    other parameter allowed is ``workers``, where the server's own computations run."""
     module = __import__("otfed.federation.fedbary", fromlist=["x"])
     hints_of = {name: typing.get_type_hints(getattr(BaryServer, name), vars(module))
-                for name in ("update_barycenter", "respond", "final_distance", "estimate")}
+                for name in ("update_barycenter", "respond", "respond_all", "final_distance", "final_distances",
+                             "estimate")}
     for name, hints in hints_of.items():
         params = [p for p in inspect.signature(getattr(BaryServer, name)).parameters if p != "self"]
         for param in params:
             annotation = hints[param]
+            if param == "workers":
+                assert typing.get_args(annotation) == (Workers, type(None)), f"{name}(workers) takes {annotation}"
+                continue
             inner = typing.get_args(annotation)[0] if typing.get_origin(annotation) else annotation
             assert issubclass(inner, Message), f"{name}({param}) takes {annotation}"
 
@@ -257,3 +264,54 @@ def test_same_seed_same_result_and_config_validation() -> None:
         FedBaryConfig(barycenter_step="mean")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unique"):
         federated_valuation([clients[0], clients[0]], config)
+
+
+def _same_result(a, b) -> None:
+    """Bit-for-bit the same FedBary outcome: distances, history, barycenter, datum values and every message."""
+    assert np.array_equal(a.distances, b.distances) and a.history == b.history
+    assert np.array_equal(a.client_history, b.client_history)
+    assert np.array_equal(a.target.support, b.target.support)
+    assert a.datum_values.keys() == b.datum_values.keys()
+    assert all(np.array_equal(a.datum_values[k], b.datum_values[k]) for k in a.datum_values)
+    assert a.ledger.to_frame().equals(b.ledger.to_frame())
+
+
+class _CountingWorkers(InProcess):
+    """InProcess that records what goes through it: which client methods, and which server functions."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers)
+        self.methods: list[str] = []
+        self.functions: list[str] = []
+
+    def map(self, fn, calls):
+        self.functions.append(fn.__name__)
+        return super().map(fn, calls)
+
+    def host(self, parties):
+        hosted = super().host(parties)
+        outer = self
+
+        class Recording:
+            def call(self, method, args=None, **kwargs):
+                outer.methods.append(method)
+                return hosted.call(method, args, **kwargs)
+        return Recording()
+
+
+@pytest.mark.parametrize("validation", [True, False])
+def test_the_same_result_whatever_runs_the_parties(validation: bool) -> None:
+    """Clients stepped on 3 threads and the server's per-client work on them give exactly the in-order
+    result; the protocol reaches the clients only through report / update / final_report / datum_values."""
+    clients = [labelled(f"c{i}", 30 + 5 * i, float(i), seed=i, d=3, noisy=4 * (i == 2)) for i in range(4)]
+    val = labelled("val", 25, 1.0, seed=9, d=3) if validation else None
+    config = FedBaryConfig(support_size=8, iterations=4)
+    in_order = federated_valuation(clients, config, validation=val, seed=3, datum_values=True, potential="exact")
+    counting = _CountingWorkers(3)
+    threaded = federated_valuation(clients, config, validation=val, seed=3, datum_values=True, potential="exact",
+                                   workers=counting)
+    _same_result(in_order, threaded)
+    assert set(counting.methods) == {"report", "update", "final_report", "datum_values"}
+    assert counting.methods.count("report") == config.iterations
+    expected = {"geodesic_split", "_distance"} | ({"barycentric_map"} if not validation else set())
+    assert set(counting.functions) == expected

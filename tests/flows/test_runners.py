@@ -156,3 +156,27 @@ def test_local_cluster_workers_get_the_worker_environ() -> None:
                                                                        "MALLOC_TRIM_THRESHOLD_")})
     (environ,) = seen.values()
     assert environ == {**runners.WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
+def test_fedbary_on_dask_workers_equals_the_in_process_run() -> None:
+    """FedBary with its clients as Dask actors on two worker processes and the server's per-client work as
+    Dask tasks: bit-for-bit the in-process result (distances, history, barycenter, every message)."""
+    from distributed import Client, LocalCluster
+
+    from otfed.federation.fedbary import FedBaryConfig, federated_valuation
+    from otfed.federation.otdd import LabelledData
+
+    rng = np.random.default_rng(0)
+    clients = [LabelledData(f"c{i}", rng.normal(i, 1.0, (30 + 4 * i, 3)), np.arange(30 + 4 * i) % 2)
+               for i in range(5)]
+    config = FedBaryConfig(support_size=8, iterations=3)
+    expected = federated_valuation(clients, config, seed=1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as cluster, Client(cluster, set_as_default=False) as client:
+        workers = runners.DaskWorkers(client)
+        got = federated_valuation(clients, config, seed=1, workers=workers)
+        addresses = sorted(cluster.scheduler_info["workers"])
+    assert workers.hosted_on == [addresses[i % 2] for i in range(5)]  # the five clients live on both workers
+    assert np.array_equal(got.distances, expected.distances) and got.history == expected.history
+    assert np.array_equal(got.target.support, expected.target.support)
+    assert got.ledger.to_frame().equals(expected.ledger.to_frame())
