@@ -24,17 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from otfed import io
-
-OUT = Path("reports/bench")
-GOAL_EFFICIENCY = 0.7
+from bench.scale_out import GOAL_EFFICIENCY, invocation, with_speedups, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,19 +80,12 @@ def main(argv: list[str] | None = None) -> int:
             startup = time.perf_counter() - start
             print(f"[fedbary_scale_out] cluster of {args.workers} workers up in {startup:.1f} s", flush=True)
             timed("dask (running cluster; clients as actors)", DaskWorkers(client), args.workers)
-    table = pd.DataFrame(rows)
-    seq = float(table.seconds.iloc[0])
-    table["speedup_vs_sequential"] = seq / table.seconds
-    table["efficiency"] = table.speedup_vs_sequential / table.workers
-    OUT.mkdir(parents=True, exist_ok=True)
-    io.write_csv(table, OUT / f"{args.name}.csv")
-    command = " ".join(["python -m bench.fedbary_scale_out", *(argv if argv is not None else sys.argv[1:])])
-    header = (f"One FedBary run, {args.clients} clients × {args.samples} samples, S = {args.support}, "
-              f"K = {args.iterations}, Q = federated barycenter (`{command}`, {os.cpu_count()} cores, BLAS 1 "
-              f"thread). Dask cluster start-up (not in the table): {startup:.1f} s. Every runner gave the same "
-              f"distances. Yardstick: efficiency ≥ {GOAL_EFFICIENCY}.\n\n")
-    io.write_text(header + io.markdown_table(table.round(3)), OUT / f"{args.name}.md")
-    print(io.markdown_table(table.round(3)))
+    table = with_speedups(pd.DataFrame(rows))
+    write_report(table, args.name, f"One FedBary run, {args.clients} clients × {args.samples} samples, "
+                 f"S = {args.support}, K = {args.iterations}, Q = federated barycenter "
+                 f"(`{invocation('bench.fedbary_scale_out', argv)}`, {os.cpu_count()} cores, BLAS 1 thread). "
+                 f"Dask cluster start-up (not in the table): {startup:.1f} s. Every runner gave the same "
+                 f"distances. Yardstick: efficiency ≥ {GOAL_EFFICIENCY}.")
     return 0
 
 

@@ -168,22 +168,38 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         runners.TASKS_PER_WORKER = per_worker
         cluster.close()
-    table = pd.DataFrame(rows)
+    table = with_speedups(pd.DataFrame(rows))
     seq = float(table.loc[table.runner == "sequential", "seconds"].iloc[0])
     bare = float(table.loc[table.runner == "bare", "seconds"].iloc[0])
-    table["speedup_vs_sequential"] = seq / table.seconds
-    table["efficiency"] = table.speedup_vs_sequential / table.workers
     table["goal_met"] = np.where(table.runner.str.startswith("dask"), table.efficiency >= GOAL_EFFICIENCY, pd.NA)
-    OUT.mkdir(parents=True, exist_ok=True)
-    io.write_csv(table, OUT / f"{args.name}.csv")
-    command = " ".join(["python -m bench.scale_out", *(argv if argv is not None else sys.argv[1:])])
-    header = (f"Pairwise FedWaD fan-out: {tasks} pairs of federation {args.federation!r} "
-              f"(`{command}`, {os.cpu_count()} cores). Prefect overhead "
-              f"per job (sequential − bare) / jobs: {(seq - bare) / tasks * 1000:.0f} ms. Goal: dask "
-              f"efficiency ≥ {GOAL_EFFICIENCY}.\n\n")
-    io.write_text(header + io.markdown_table(table.round(3)), OUT / f"{args.name}.md")
-    print(io.markdown_table(table.round(3)))
+    write_report(table, args.name, f"Pairwise FedWaD fan-out: {tasks} pairs of federation {args.federation!r} "
+                 f"(`{invocation('bench.scale_out', argv)}`, {os.cpu_count()} cores). Prefect overhead "
+                 f"per job (sequential − bare) / jobs: {(seq - bare) / tasks * 1000:.0f} ms. Goal: dask "
+                 f"efficiency ≥ {GOAL_EFFICIENCY}.")
     return 0
+
+
+def with_speedups(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (one row per runner: runner, workers, seconds) with the speed-up over its ``sequential`` row
+    and the parallel efficiency (speed-up / workers)."""
+    seq = float(table.loc[table.runner == "sequential", "seconds"].iloc[0])
+    speedup = seq / table.seconds
+    return table.assign(speedup_vs_sequential=speedup, efficiency=speedup / table.workers)
+
+
+def write_report(table: pd.DataFrame, name: str, header: str) -> None:
+    """reports/bench/<name>.csv (the table) and <name>.md (``header`` and the table to 3 decimals); the
+    markdown table also goes to stdout."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    io.write_csv(table, OUT / f"{name}.csv")
+    markdown = io.markdown_table(table.round(3))
+    io.write_text(f"{header}\n\n{markdown}", OUT / f"{name}.md")
+    print(markdown)
+
+
+def invocation(module: str, argv: list[str] | None) -> str:
+    """The command line that ran this benchmark, for its report."""
+    return " ".join([f"python -m {module}", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

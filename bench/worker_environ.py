@@ -24,9 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from otfed import io
-
-OUT = Path("reports/bench")
+from bench.scale_out import invocation, write_report
 CHILD = """
 import json, sys, time
 from threadpoolctl import threadpool_limits
@@ -71,12 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[worker_environ] {label}: median {rows[-1]['median_ms']:.1f} ms", flush=True)
     table = pd.DataFrame(rows)
     table["vs_default"] = table.median_ms / table.median_ms.iloc[0]
-    OUT.mkdir(parents=True, exist_ok=True)
-    io.write_csv(table, OUT / "worker_environ.csv")
-    command = " ".join(["python -m bench.worker_environ", *(argv if argv is not None else sys.argv[1:])])
-    io.write_text(f"One FedWaD pair session per malloc setting (`{command}`), one BLAS thread.\n\n"
-                  + io.markdown_table(table.round(3)), OUT / "worker_environ.md")
-    print(io.markdown_table(table.round(3)))
+    write_report(table, "worker_environ", f"One FedWaD pair session per malloc setting "
+                 f"(`{invocation('bench.worker_environ', argv)}`), one BLAS thread.")
     return 0
 
 

@@ -49,8 +49,9 @@ SCATTER_BYTES = 1 << 20
 TASKS_PER_WORKER = 4
 # Environment of Dask worker processes: ``distributed`` sets MALLOC_TRIM_THRESHOLD_=65536 for them, and setting
 # any malloc threshold turns off glibc's dynamic mmap threshold, so every array over 128 KiB is mmap'd and
-# page-faulted afresh: a FedWaD pair session runs ~2× slower (`python -m bench.worker_environ`). A fixed 32 MiB mmap threshold gives back in-process speed and keeps
-# Dask's memory trimming. Started by a stage (local cluster) it is set here; for `dask worker` see the README.
+# page-faulted afresh: a FedWaD pair session runs ~2× slower (`python -m bench.worker_environ`). A fixed
+# 32 MiB mmap threshold gives back in-process speed and keeps Dask's memory trimming. Started by a stage
+# (local cluster) it is set here; for `dask worker` see the README.
 WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 

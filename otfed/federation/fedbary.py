@@ -313,18 +313,15 @@ class BaryServer:
         return self.target
 
     def respond(self, gamma: MeasureMessage) -> tuple[MeasureMessage, DistanceMessage]:
-        """Algorithm 1, lines 5–6: η_{Q_i} = InterpMeas(γ_i → Q) and d_i^server; η_{Q_i} goes to client i,
-        d_i^server stays on the server (returned as a local message addressed to itself)."""
-        assert self.target is not None, "initialise() first"
-        t = draw_t(self.config.fedwad(), self._rng)
-        eta_q, d_server = geodesic_split(self.target, gamma.measure, t, self.config)
-        return (MeasureMessage("eta_Q", self.name, gamma.sender, measure=eta_q),
-                DistanceMessage("server_distance", self.name, self.name, value=d_server))
+        """:meth:`respond_all` to one γ_i."""
+        return self.respond_all([gamma])[0]
 
     def respond_all(self, gammas: Sequence[MeasureMessage], workers: Workers | None = None
                     ) -> list[tuple[MeasureMessage, DistanceMessage]]:
-        """:meth:`respond` to every γ_i, the N computations on ``workers``: the t's are drawn first, in
-        message order, so the replies equal those of :meth:`respond` called in that order."""
+        """Algorithm 1, lines 5–6, for every received γ_i: η_{Q_i} = InterpMeas(γ_i → Q) and d_i^server;
+        η_{Q_i} goes to client i, d_i^server stays on the server (returned as a local message addressed to
+        itself). The t's are drawn first, in message order, then the N independent computations run on
+        ``workers`` (default: in order, in this process): the replies do not depend on where they ran."""
         assert self.target is not None, "initialise() first"
         ts = [draw_t(self.config.fedwad(), self._rng) for _ in gammas]
         splits = (workers or InProcess()).map(geodesic_split, [
@@ -333,18 +330,18 @@ class BaryServer:
                  DistanceMessage("server_distance", self.name, self.name, value=d_server))
                 for g, (eta_q, d_server) in zip(gammas, splits)]
 
+    def final_distance(self, gamma: MeasureMessage, client_distance: DistanceMessage) -> float:
+        """:meth:`final_distances` of one client."""
+        return float(self.final_distances([gamma], [client_distance])[0])
+
     def final_distances(self, gammas: Sequence[MeasureMessage], client_distances: Sequence[DistanceMessage],
                         workers: Workers | None = None) -> np.ndarray:
-        """:meth:`final_distance` of every client, the N W(γ_i, Q) on ``workers``."""
+        """Closing round: W(P_i, Q) ≤ W(P_i, γ_i) + W(γ_i, Q) for every client, the client's value plus the
+        server's own; the N W(γ_i, Q) on ``workers``."""
         assert self.target is not None
         own = (workers or InProcess()).map(_distance, [dict(mu=g.measure, nu=self.target, config=self.config.fedwad())
                                                        for g in gammas])
         return np.array([d.value + w for d, w in zip(client_distances, own)])
-
-    def final_distance(self, gamma: MeasureMessage, client_distance: DistanceMessage) -> float:
-        """Closing round: W(P_i, Q) ≤ W(P_i, γ_i) + W(γ_i, Q), the client's value plus the server's own."""
-        assert self.target is not None
-        return client_distance.value + _distance(gamma.measure, self.target, self.config.fedwad())
 
     @staticmethod
     def estimate(client_distance: DistanceMessage, server_distance: DistanceMessage) -> float:
