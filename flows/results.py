@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import pandas as pd
 
 from flows.paper_numbers import KNOT_ALL, PAPERS
@@ -117,11 +118,26 @@ def contributions(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     return [("contribution (%) of each client per method (FedBary: inverse distance share)", rows)]
 
 
+def _with_ci(rows: pd.DataFrame, value: str) -> pd.Series:
+    """'mean ± half-width' strings (the half-width column ``<value>_ci95``; just the mean when it is NaN)."""
+    half = rows.get(f"{value}_ci95", pd.Series(np.nan, index=rows.index))
+    return pd.Series([f"{m:.3g}" if not np.isfinite(h) else f"{m:.3g} ± {h:.2g}" for m, h in zip(rows[value], half)],
+                     index=rows.index)
+
+
 @view
 def method_agreement(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     rows = _csv(folder, "method_agreement.csv")
-    table = rows.pivot(index="federation", columns="method", values="spearman_vs_exact_shapley").reset_index()
-    return [("Spearman rank correlation of each method's contributions with exact Shapley", table)]
+    out = []
+    for value, what in (("spearman_vs_exact_shapley", "with exact Shapley (FedAvg utility)"),
+                        ("spearman_vs_planted", "with the planted noise order (cases 4–5: less noise = more value)")):
+        if value not in rows:
+            continue
+        sub = rows.dropna(subset=[value]).assign(cell=lambda r, v=value: _with_ci(r, v))
+        table = sub.pivot(index="federation", columns="method", values="cell").reset_index()
+        out.append((f"Spearman rank correlation of each method's client contributions {what}: mean ± 95% CI over "
+                    "seeds", table))
+    return out
 
 
 @view
@@ -146,6 +162,12 @@ def detection_f1(folder: Path) -> list[tuple[str, pd.DataFrame]]:
 
 
 @view
+def detection_auc(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _csv(folder, "detection.csv")
+    return _detection(folder, "auc") if "auc" in rows else []
+
+
+@view
 def detection_recall(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     return _detection(folder, "recall")
 
@@ -161,10 +183,34 @@ def duplication(folder: Path) -> list[tuple[str, pd.DataFrame]]:
 
 @view
 def removal(folder: Path) -> list[tuple[str, pd.DataFrame]]:
-    rows = _csv(folder, "removal.csv")
-    cols = [c for c in ("federation", "n_train", "noisy", "removed", "removed_noisy", "accuracy_before",
-                        "accuracy_after", "accuracy_oracle_removal", "accuracy_random_removal") if c in rows]
-    return [("FedAvg test accuracy before / after removing FedBary's flagged points", rows[cols])]
+    rows = _csv(folder, "removal_summary.csv")
+    table = rows[["federation", "seeds", "noisy"]].copy()
+    for col, label in (("removed_flagged", "#removed (g > 0)"), ("removed_budget", "#removed (budget)"),
+                       ("auc", "AUC of g"), ("accuracy_before", "acc. before"),
+                       ("accuracy_flagged", "acc. after (g > 0)"), ("accuracy_budget", "acc. after (budget)"),
+                       ("accuracy_oracle_removal", "acc. oracle"), ("gain_budget", "gain (budget)"),
+                       ("gain_oracle_removal", "gain (oracle)")):
+        table[label] = _with_ci(rows, col)
+    return [("FedAvg test accuracy before / after removing FedBary's flagged points (g > 0, the paper's rule) or a "
+             "validation-chosen budget of the largest g; oracle = exactly the noisy points; mean ± 95% CI over seeds",
+             table)]
+
+
+@view
+def clustered_fl(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _csv(folder, "clustered_fl.csv")
+    table = rows[["federation", "clustering", "algorithm"]].assign(
+        accuracy=_with_ci(rows, "accuracy"), uplift_vs_global_fedavg=_with_ci(rows, "uplift_vs_global_fedavg"))
+    return [("pooled held-out accuracy of FL trained globally or within the federated-OTDD clusters (affinity); "
+             "mean ± 95% CI over seeds; uplift paired by seed", table)]
+
+
+@view
+def coresets(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _csv(folder, "coresets.csv")
+    table = rows[["federation", "method"]].assign(accuracy=_with_ci(rows, "accuracy"))
+    return [("pooled held-out accuracy of the 1-NN classifier over every client's coreset (K points per client) "
+             "next to global FedAvg / FedPer / FedRep on the same splits; mean ± 95% CI over seeds", table)]
 
 
 @view

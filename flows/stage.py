@@ -281,6 +281,10 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
                              f"{runners.describe(p.run.task_runner, p.run.max_workers, p.run.dask_address)} "
                              f"(MLflow run {run.run_id})")
         results = fan_out(jobs, label=stage.name)
+        if stage.followups is not None:
+            more = stage.followups(p, results)
+            announce(stage.name, f"{len(more)} follow-up tasks (built from the first {len(jobs)} results)")
+            results = results + fan_out(more, label=stage.name)
         announce(stage.name, "report: tables, figures, metrics")
         reports = dirs[stage.outputs[0]]
         metrics = stage.report(p, results, TrackedReport(run, reports), dirs)

@@ -1,12 +1,29 @@
 """Evaluation metrics shared by the stages: clustering agreement and distance-order preservation; for the
 KNOT text track Semantic Distance, macro-F1, accuracy and each task's headline score.
 
-(Detection precision/recall join this module with the valuation issues.)
+Also :func:`mean_confidence_interval` (Student-t) for results repeated over seeds.
 """
 from __future__ import annotations
 
 import numpy as np
 from sklearn.metrics import adjusted_rand_score as _ari
+
+
+def mean_confidence_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the two-sided Student-t confidence interval, x̄ ± t_{(1+level)/2, n−1} · s/√n
+    (s: sample standard deviation). One value → half-width NaN (no spread to estimate); NaNs are dropped."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        raise ValueError("no finite values to average")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    if x.size == 1:
+        return float(x[0]), float("nan")
+    from scipy.stats import t as student_t
+
+    half = float(student_t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    return float(x.mean()), half
 
 
 def adjusted_rand_index(labels_true: np.ndarray, labels_pred: np.ndarray) -> float:

@@ -28,18 +28,20 @@ from pydantic import Field, field_validator, model_validator
 from scipy.stats import spearmanr
 
 from otfed.data.corruption import corrupted_federation, noisy_client_federation
+from otfed.data.features import fit_pca, reduce_features
 from otfed.data.parties import client_sets, project_federation, server_split
 from otfed.data.store import FederationData, load_federation
 from otfed.device import stage_device
 from otfed.federation.fedbary import FedBaryConfig, fedbary_on_measures, federated_valuation
 from otfed.figures import valuation as figs
 from otfed.fl import FedAvgConfig
+from otfed.metrics import mean_confidence_interval
 from otfed.ot import Measure
 from otfed.ot.otdd import LabelledData, augmented_measure
 from otfed.schema import PositiveInt, Strict
-from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, PermutationShapley, ValuationData,
-                             datum_values as calibrated_values, detection_scores, exact_wasserstein,
-                             fedavg_utility, flag_noisy, knn_leave_one_out, mass_moved_by_duplication,
+from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, MemoizedUtility, PermutationShapley,
+                             ValuationData, datum_values as calibrated_values, detection_auc, detection_scores,
+                             exact_wasserstein, fedavg_utility, flag_noisy, knn_leave_one_out, mass_moved_by_duplication,
                              percent_of_total, point_removal_curve, repeated_dataset, repeated_datum)
 from stages import layout
 from stages.params import server_split_federation
@@ -73,6 +75,9 @@ class ContributionParams(Strict):
     federations: list[str] = Field(["case1", "case2", "case3", "case4", "case5"], min_length=1)
     validation_samples: int = Field(300, ge=10, description="Server validation = the first rows of the test split.")
     monte_carlo_permutations: int = Field(10, ge=1, le=100000)
+    seeds: int = Field(3, ge=1, le=100, description="Every case is valued with seeds seed … seed+seeds−1 "
+                       "(FedBary's draws, FedAvg's initialisation and batches, the Monte-Carlo permutations); "
+                       "rank correlations are reported as mean ± 95% CI over them.")
     fedavg: FedAvgConfig = FedAvgConfig()
     outlier: OutlierParams = OutlierParams()
 
@@ -89,6 +94,9 @@ class DetectionParams(Strict):
     knn_k: int = Field(5, ge=1, description="K of KNN-Shapley and of leave-one-out's KNN utility.")
     removal_step: float = Field(0.05, gt=0.0, lt=1.0)
     removal_max_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    removal_embedding: int = Field(32, ge=0, description="The removal curves' logistic regression runs on a PCA "
+                                   "embedding of this size fitted on the server's validation set (0 = the features "
+                                   "as valued).")
 
     @field_validator("rates")
     @classmethod
@@ -123,11 +131,19 @@ class BarycenterValuationParams(Strict):
     """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5),
     duplication robustness (table 3)."""
 
-    pca_components: int = Field(32, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
+    pca_components: int = Field(0, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
+    random_projection: int = Field(0, ge=0, description="0 = none; else a Gaussian random projection to this many "
+                                   "dimensions (keeps distances and feature-noise energy; PCA-32 loses the noise).")
     fedbary: FedBaryConfig = FedBaryConfig()
     contributions: ContributionParams = ContributionParams()
     detection: DetectionParams = DetectionParams()
     duplication: DuplicationParams = DuplicationParams()
+
+    @model_validator(mode="after")
+    def _one_projection(self) -> "BarycenterValuationParams":
+        if self.pca_components and self.random_projection:
+            raise ValueError("set pca_components or random_projection, not both (0 turns one off)")
+        return self
 
 
 def check(p: Params) -> None:
@@ -160,12 +176,12 @@ def check(p: Params) -> None:
 def job_kinds(p: Params) -> list[str]:
     """The kind of every job of :func:`jobs`, in job order (the report regroups results with it)."""
     bv = p.barycenter_valuation
-    return (["contributions"] * len(bv.contributions.federations) + ["outlier"]
+    return (["contributions"] * (len(bv.contributions.federations) * bv.contributions.seeds) + ["outlier"]
             + ["detection"] * (len(bv.detection.kinds) * len(bv.detection.rates)) + ["duplication"])
 
 
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
-    """One contributions job per federation, the outlier job, one detection job per (kind, rate), the
+    """One contributions job per (federation, seed), the outlier job, one detection job per (kind, rate), the
     duplication job (features projected as the params say; noise planted before the projection)."""
     # FedAvg (the contributions jobs' utility) runs on run.device; on CPU one torch thread per task
     device = stage_device(p.run.device)
@@ -177,26 +193,29 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
     out = []
     for name in c.federations:
-        fed = project_federation(load(name), bv.pca_components, seed)
+        fed = project_federation(load(name), bv.pca_components, seed, bv.random_projection)
         validation, _ = server_split(fed, c.validation_samples)
-        out.append(Job(f"contributions {name}", client_contributions, dict(
-            name=name, clients=client_sets(fed), validation=validation, config=bv.fedbary, fedavg=c.fedavg,
-            permutations=c.monte_carlo_permutations, seed=seed, device=device)))
+        planted = [float(fed.corrupted[fed.rows(k)].mean()) for k in range(fed.n_clients)]
+        for s in range(seed, seed + c.seeds):
+            out.append(Job(f"contributions {name} seed {s}", client_contributions, dict(
+                name=name, clients=client_sets(fed), validation=validation, config=bv.fedbary, fedavg=c.fedavg,
+                permutations=c.monte_carlo_permutations, seed=s, device=device, planted_noise=planted)))
     out.append(Job(f"outlier {o.federation}", outlier_distances, dict(
         fed=load(o.federation), noisy_client=o.client, fraction=o.fraction, noise_std=o.noise_std,
-        pca_components=bv.pca_components, validation_samples=c.validation_samples, config=bv.fedbary, seed=seed)))
+        pca_components=bv.pca_components, random_projection=bv.random_projection,
+        validation_samples=c.validation_samples, config=bv.fedbary, seed=seed)))
     clean = load(d.federation)
     for kind in d.kinds:
         for rate in d.rates:
             fed = project_federation(corrupted_federation(clean, kind, rate, d.noise_std, seed), bv.pca_components,
-                                     seed)
+                                     seed, bv.random_projection)
             validation, holdout = server_split(fed, d.validation_samples)
             noisy = np.concatenate([fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)])
             out.append(Job(f"detection {kind} {rate}", detection_setting, dict(
                 kind=kind, rate=rate, clients=client_sets(fed), noisy=noisy, validation=validation, holdout=holdout,
                 config=bv.fedbary, knn_k=d.knn_k, removal_step=d.removal_step,
-                removal_max_fraction=d.removal_max_fraction, seed=seed)))
-    fed = project_federation(load(u.federation), bv.pca_components, seed)
+                removal_max_fraction=d.removal_max_fraction, seed=seed, removal_embedding=d.removal_embedding)))
+    fed = project_federation(load(u.federation), bv.pca_components, seed, bv.random_projection)
     validation, _ = server_split(fed, u.validation_samples)
     out.append(Job(f"duplication {u.federation}", duplication_robustness, dict(
         clients=client_sets(fed), validation=validation, client=u.client, copies=u.copies,
@@ -206,47 +225,90 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
 # --------------------------------------------------------------------------------- contributions
 def client_contributions(name: str, clients: list[LabelledData], validation: LabelledData, config: FedBaryConfig,
-                         fedavg: FedAvgConfig, permutations: int, seed: int, device: str) -> list[dict[str, Any]]:
-    """One federation of FedBary fig. 4: every method's value and contribution (%) per client, and its
-    wall time. FedBary: score ∝ 1/W(P_i, Q) (Q = validation set, or the federated barycenter); Shapley
+                         fedavg: FedAvgConfig, permutations: int, seed: int, device: str,
+                         planted_noise: Sequence[float] | None = None) -> list[dict[str, Any]]:
+    """One federation and seed of FedBary fig. 4: every method's value and contribution (%) per client,
+    and its cost. FedBary: score ∝ 1/W(P_i, Q) (Q = validation set, or the federated barycenter); Shapley
     types: φ_i / Σ_j φ_j (:func:`~otfed.valuation.percent_of_total`) with the FedAvg-validation-accuracy
-    utility (:func:`~otfed.valuation.fedavg_utility`, FedAvg on ``device``)."""
+    utility (:func:`~otfed.valuation.fedavg_utility`, FedAvg on ``device``), each coalition trained once
+    and shared by the three games (:class:`~otfed.valuation.MemoizedUtility`; a method's ``seconds`` is
+    the training time of the coalitions it queried). ``planted_noise``: each client's share of corrupted
+    data (the ground truth of cases 4–5), copied into the rows."""
     rows: list[dict[str, Any]] = []
     names = [c.name for c in clients]
+    planted = list(planted_noise) if planted_noise is not None else [float("nan")] * len(clients)
 
     def add(method: str, values: np.ndarray, percent: np.ndarray, seconds: float) -> None:
         for k, client in enumerate(names):
-            rows.append(dict(federation=name, method=method, client=client, value=float(values[k]),
-                             percent=float(percent[k]), seconds=seconds))
+            rows.append(dict(federation=name, seed=seed, method=method, client=client, planted_noise=planted[k],
+                             value=float(values[k]), percent=float(percent[k]), seconds=seconds))
 
     res, secs = timed(federated_valuation, clients, config, validation=validation, seed=seed)
     add("fedbary_validation", res.distances, res.contributions, secs)
     res, secs = timed(federated_valuation, clients, config, validation=None, seed=seed)
     add("fedbary_barycenter", res.distances, res.contributions, secs)
     players = ValuationData(np.arange(len(clients), dtype=np.float64)[:, None], np.zeros(len(clients), dtype=np.int64))
-    utility = fedavg_utility(clients, validation, fedavg, seed, device)
+    utility = MemoizedUtility(fedavg_utility(clients, validation, fedavg, seed, device))
     for method, valuer in (("exact_shapley", ExactShapley(utility)), ("leave_one_out", LeaveOneOut(utility)),
                            ("monte_carlo_shapley", PermutationShapley(utility, permutations, seed=seed))):
-        values, secs = timed(valuer.fit, players)
-        add(method, values, percent_of_total(values), secs)
+        utility.start_method()
+        values = valuer.fit(players)
+        add(method, values, percent_of_total(values), utility.method_seconds())
     return rows
 
 
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman ρ, NaN when either ranking is constant or has a NaN."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))) or len(np.unique(a)) < 2 or len(np.unique(b)) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
 def rank_agreement(rows: list[dict[str, Any]], reference: str = "exact_shapley") -> list[dict[str, Any]]:
-    """Spearman rank correlation of each method's client contributions with ``reference``'s, per
-    federation, and the method's wall time (NaN correlation when either ranking is constant)."""
+    """Per federation, seed and method: Spearman ρ of the client contributions with ``reference``'s
+    (same seed) and with the planted quality −(share of corrupted data) — the ground truth where the
+    clients' noise differs (cases 4–5; NaN elsewhere) —, and the method's seconds."""
     frame = pd.DataFrame(rows)
+    if "seed" not in frame:
+        frame["seed"] = 0
     out = []
-    for (fed, method), sub in frame.groupby(["federation", "method"], sort=False):
-        ref = frame[(frame.federation == fed) & (frame.method == reference)].set_index("client").percent
-        mine = sub.set_index("client").percent.reindex(ref.index)
-        if mine.nunique() < 2 or ref.nunique() < 2:
-            rho = float("nan")
-        else:
-            rho = float(spearmanr(mine.to_numpy(), ref.to_numpy()).statistic)
-        out.append(dict(federation=fed, method=method, spearman_vs_exact_shapley=rho,
+    for (fed, seed, method), sub in frame.groupby(["federation", "seed", "method"], sort=False):
+        ref = frame[(frame.federation == fed) & (frame.seed == seed) & (frame.method == reference)]
+        ref = ref.set_index("client").percent
+        mine = sub.set_index("client").reindex(ref.index)
+        planted = (-mine.planted_noise.to_numpy() if "planted_noise" in mine
+                   else np.full(len(mine), np.nan))
+        out.append(dict(federation=fed, seed=int(seed), method=method,
+                        spearman_vs_exact_shapley=_spearman(mine.percent.to_numpy(), ref.to_numpy()),
+                        spearman_vs_planted=_spearman(mine.percent.to_numpy(), planted),
                         seconds=float(sub.seconds.iloc[0])))
     return out
+
+
+def agreement_over_seeds(agreement: pd.DataFrame) -> pd.DataFrame:
+    """Per federation and method (and over all federations): mean ± 95% CI half-width (Student t over the
+    seeds, :func:`~otfed.metrics.mean_confidence_interval`) of both rank correlations, the number of
+    seeds with a defined ρ, and the mean seconds."""
+    def summarise(sub: pd.DataFrame) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for col in ("spearman_vs_exact_shapley", "spearman_vs_planted"):
+            vals = sub[col].to_numpy(dtype=np.float64)
+            finite = vals[np.isfinite(vals)]
+            mean, half = mean_confidence_interval(finite) if finite.size else (float("nan"), float("nan"))
+            out[col], out[f"{col}_ci95"], out[f"{col}_n"] = mean, half, int(finite.size)
+        out["seconds"] = float(sub.seconds.mean())
+        return out
+
+    rows = [dict(federation=fed, method=method) | summarise(sub)
+            for (fed, method), sub in agreement.groupby(["federation", "method"], sort=False)]
+    # over all federations: the per-seed mean ρ over the federations, then its CI over the seeds
+    per_seed = agreement.groupby(["seed", "method"], sort=False).agg(
+        spearman_vs_exact_shapley=("spearman_vs_exact_shapley", "mean"),
+        spearman_vs_planted=("spearman_vs_planted", "mean"), seconds=("seconds", "sum")).reset_index()
+    rows += [dict(federation="all (mean ρ)", method=method) | summarise(sub)
+             for method, sub in per_seed.groupby("method", sort=False)]
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------- outlier
@@ -259,12 +321,13 @@ class Outlier(NamedTuple):
 
 
 def outlier_distances(fed: FederationData, noisy_client: int, fraction: float, noise_std: float,
-                      pca_components: int, validation_samples: int, config: FedBaryConfig, seed: int) -> Outlier:
+                      pca_components: int, validation_samples: int, config: FedBaryConfig, seed: int,
+                      random_projection: int = 0) -> Outlier:
     """FedBary fig. 4 histogram: client ``noisy_client`` gets feature noise on ``fraction`` of its samples
     (:func:`~otfed.data.corruption.noisy_client_federation`, in the stored pixel space, before the PCA),
     then W(P_i, Q) per client against the federated barycenter and against the server's validation set."""
     noisy = noisy_client_federation(fed, noisy_client, fraction, noise_std, seed)
-    noisy = project_federation(noisy, pca_components, seed)
+    noisy = project_federation(noisy, pca_components, seed, random_projection)
     validation, _ = server_split(noisy, validation_samples)
     clients = client_sets(noisy)
     rows = []
@@ -316,9 +379,11 @@ def suspicion_scores(clients: list[LabelledData], validation: LabelledData, conf
 def detection_setting(kind: str, rate: float, clients: list[LabelledData], noisy: np.ndarray,
                       validation: LabelledData, holdout: tuple[np.ndarray, np.ndarray], config: FedBaryConfig,
                       knn_k: int, removal_step: float, removal_max_fraction: float,
-                      seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                      seed: int, removal_embedding: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One (noise kind, rate) cell of FedBary fig. 5: detection scores (precision / recall / F1, #flagged
-    vs #noisy) and point-removal curves for every method. ``random`` flags as many data as are noisy
+    vs #noisy, the threshold-free ROC AUC of the suspicion ranking) and point-removal curves for every
+    method (logistic regression refitted on a ``removal_embedding``-D PCA of the data, fitted on the
+    server's validation set; 0 = on the features as valued). ``random`` flags as many data as are noisy
     (chance precision = the noise rate)."""
     scores, seconds, flags = suspicion_scores(clients, validation, config, knn_k, seed)
     n_noisy = int(noisy.sum())
@@ -326,14 +391,19 @@ def detection_setting(kind: str, rate: float, clients: list[LabelledData], noisy
     flags["random"][np.argsort(-scores["random"])[:n_noisy]] = True
     x = np.concatenate([c.x for c in clients])
     y = np.concatenate([c.y for c in clients])
+    x_holdout = holdout[0]
+    if removal_embedding:  # the paper refits its classifier on embeddings; a PCA fitted on server data here
+        pca = fit_pca(validation.x, min(removal_embedding, *validation.x.shape), seed)
+        x, x_holdout = reduce_features(x, pca), reduce_features(x_holdout, pca)
     score_rows, curve_rows = [], []
     for method in DETECTION_METHODS:
         d = detection_scores(flags[method], np.flatnonzero(noisy), n=len(noisy))
         top = np.argsort(-scores[method], kind="stable")[:n_noisy]
         score_rows.append(dict(kind=kind, rate=rate, method=method, n=len(noisy), noisy=d.noisy, flagged=d.flagged,
                                true_positives=d.true_positives, precision=d.precision, recall=d.recall, f1=d.f1,
-                               recall_at_noisy=float(noisy[top].mean()), seconds=seconds[method]))
-        curve = point_removal_curve(scores[method], x, y, *holdout, step=removal_step,
+                               recall_at_noisy=float(noisy[top].mean()), auc=detection_auc(scores[method], noisy),
+                               seconds=seconds[method]))
+        curve = point_removal_curve(scores[method], x, y, x_holdout, holdout[1], step=removal_step,
                                     max_fraction=removal_max_fraction, seed=seed,
                                     make_model=_removal_model)
         for f, r, a in zip(curve.fractions, curve.removed, curve.accuracy):
@@ -445,28 +515,41 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
 
 
 def _contributions_report(p: Params, results: list[list[dict[str, Any]]], out: Report) -> dict[str, Any]:
-    """contributions.csv (long), contributions_wide.csv, contributions.png (fig. 4), method_agreement.csv."""
+    """contributions.csv (long: every seed), contributions_wide.csv (mean % over seeds), contributions.png
+    (fig. 4, means), method_agreement.csv (ρ mean ± 95% CI over seeds) and method_agreement_seeds.csv."""
     rows = [row for rows in results for row in rows]
     table = pd.DataFrame(rows)
     out.table(table, "contributions.csv")
-    wide = table.pivot_table(index=["federation", "client"], columns="method", values="percent", sort=False)
-    out.table(wide[list(CONTRIBUTION_METHODS)].reset_index(), "contributions_wide.csv")
-    out.figure(figs.contributions_figure(table), "contributions.png")
-    agreement = pd.DataFrame(rank_agreement(rows))
-    overall = agreement.groupby("method", sort=False).agg(
-        spearman_vs_exact_shapley=("spearman_vs_exact_shapley", "mean"), seconds=("seconds", "sum")).reset_index()
-    overall.insert(0, "federation", "all (mean ρ)")  # seconds: summed (MLflow timings only)
-    out.table(pd.concat([agreement, overall], ignore_index=True), "method_agreement.csv")
+    means = table.groupby(["federation", "client", "method"], sort=False).agg(
+        percent=("percent", "mean"), planted_noise=("planted_noise", "first")).reset_index()
+    wide = means.pivot_table(index=["federation", "client"], columns="method", values="percent", sort=False)
+    wide = wide[list(CONTRIBUTION_METHODS)]
+    wide.insert(0, "planted_noise", means.groupby(["federation", "client"], sort=False).planted_noise.first())
+    out.table(wide.reset_index(), "contributions_wide.csv")
+    out.figure(figs.contributions_figure(means), "contributions.png")
+    per_seed = pd.DataFrame(rank_agreement(rows))
+    out.table(per_seed, "method_agreement_seeds.csv")
+    agreement = agreement_over_seeds(per_seed)
+    out.table(agreement, "method_agreement.csv")
+    overall = agreement[agreement.federation == "all (mean ρ)"]
     summary: dict[str, Any] = {}
     for name in p.barycenter_valuation.contributions.federations:
-        per = {m: {r["client"]: round(r["percent"], 3) for r in rows if r["federation"] == name and r["method"] == m}
+        mine = means[means.federation == name]
+        per = {m: {r.client: round(r.percent, 3) for r in mine[mine.method == m].itertuples()}
                for m in CONTRIBUTION_METHODS}
-        rho = {r.method: r.spearman_vs_exact_shapley for r in agreement[agreement.federation == name].itertuples()}
-        summary[name] = {"percent": per, "spearman": rho}
+        fed_rows = agreement[agreement.federation == name]
+        rho = {r.method: r.spearman_vs_exact_shapley for r in fed_rows.itertuples()}
+        planted = {r.method: r.spearman_vs_planted for r in fed_rows.itertuples() if np.isfinite(r.spearman_vs_planted)}
+        summary[name] = {"percent": per, "spearman": rho} | ({"spearman_planted": planted} if planted else {})
         with out.variant(f"contributions/{name}", tags={"federation": name}) as child:
             child.log_metrics({f"{m}.{c}": v for m, d in per.items() for c, v in d.items()} |
-                              {f"spearman.{m}": v for m, v in rho.items() if np.isfinite(v)})
+                              {f"spearman.{m}": v for m, v in rho.items() if np.isfinite(v)} |
+                              {f"spearman_planted.{m}": v for m, v in planted.items()})
     summary["mean_spearman"] = {r.method: r.spearman_vs_exact_shapley for r in overall.itertuples()}
+    summary["mean_spearman_ci95"] = {r.method: r.spearman_vs_exact_shapley_ci95 for r in overall.itertuples()}
+    summary["mean_spearman_planted"] = {r.method: r.spearman_vs_planted for r in overall.itertuples()}
+    summary["mean_spearman_planted_ci95"] = {r.method: r.spearman_vs_planted_ci95 for r in overall.itertuples()}
+    summary["seeds"] = int(table.seed.nunique())
     summary["seconds"] = {r.method: round(r.seconds, 3) for r in overall.itertuples()}
     return summary
 
@@ -501,11 +584,12 @@ def _detection_report(results: list[tuple[list[dict[str, Any]], list[dict[str, A
     for (kind, rate), sub in scores.groupby(["kind", "rate"], sort=False):
         key = f"{kind}_{round(100 * rate)}pct"
         summary[key] = {r.method: {"precision": round(r.precision, 4), "recall": round(r.recall, 4),
-                                   "f1": round(r.f1, 4), "flagged": int(r.flagged), "noisy": int(r.noisy)}
+                                   "f1": round(r.f1, 4), "auc": round(r.auc, 4), "flagged": int(r.flagged),
+                                   "noisy": int(r.noisy)}
                         for r in sub.itertuples()}
         with out.variant(f"detection/{key}", tags={"kind": kind, "rate": rate}) as child:
             child.log_metrics({f"{r.method}.{m}": float(getattr(r, m)) for r in sub.itertuples()
-                               for m in ("precision", "recall", "f1", "flagged")})
+                               for m in ("precision", "recall", "f1", "auc", "flagged")})
             for method, line in curves[(curves.kind == kind) & (curves.rate == rate)].groupby("method"):
                 for r in line.itertuples():
                     child.log_metrics({f"removal_accuracy.{method}": r.accuracy}, step=int(r.removed))
@@ -538,8 +622,10 @@ def _duplication_report(p: Params, result: Duplication, out: Report) -> dict[str
 
 STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, report, check,
               headline=("contributions.mean_spearman.fedbary_*",  # fig. 4: rank agreement with exact Shapley
+                        "contributions.mean_spearman_planted.fedbary_*",  # fig. 4: … and with the planted noise
+                        "contributions.mean_spearman_planted.exact_shapley",
                         "outlier.barycenter_noisy_distance", "outlier.barycenter_clean_distance_max",  # fig. 4
-                        "detection.*.fedbary.f1",  # fig. 5: label / feature noise at each rate
+                        "detection.*.fedbary.auc",  # fig. 5: label / feature noise at each rate (F1 in MLflow)
                         "duplication.dataset_original_max_abs_rel_change_fedbary_validation",  # table 3
                         "duplication.datum_most_harmful_rel_change_fedbary_validation"))
 

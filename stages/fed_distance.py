@@ -4,18 +4,25 @@
   and the exact W (POT network simplex) on two Gaussians; A^k per iteration (fig. 3, theorem 2);
 * federated OTDD between datasets (fig. 6): FedWaD on label-augmented samples next to the exact OTDD;
 * client clustering (§5 "boosting FL", tables 1–5): spectral clustering of clients from their pairwise
-  federated OTDDs, scored by ARI against the planted groups.
+  federated OTDDs, scored by ARI against the planted groups;
+* federated Wasserstein coresets (fig. 4–5, 12): every client's coreset learnt through FedWaD sessions
+  with the server, a global 1-NN classifier over all clients' labelled coresets, each client scored on
+  its held-out split — next to FedAvg / FedPer / FedRep on the same splits;
+* clustered FL (tables 1–5): FedAvg / FedPer / FedRep trained within the clusters found (and within one
+  global federation, and the planted groups), each client scored on its own held-out split, over seeds.
 
 One flat job list: every toy case, every convergence run, every OTDD pair and every clustering pair (one
-FedWaD session each, with its own per-pair seed). Degenerate clients (no samples, NaN features, a class
+FedWaD session each, with its own per-pair seed), every coreset run; then follow-up jobs (:func:`followups`), one per
+(federation, clustering, algorithm, seed) of clustered FL, built from the clusters the pairs give. Degenerate clients (no samples, NaN features, a class
 with one sample) are left out of the distances and listed in ``degenerate_clients.csv``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
 
 import numpy as np
 import pandas as pd
@@ -23,13 +30,18 @@ from pydantic import Field
 
 from otfed.clustering import spectral_clusters
 from otfed.data.gaussians import gaussian_pair
-from otfed.data.store import load_federation
+from otfed.data.store import VAL, load_federation
+from otfed.device import stage_device, threads_for
 from otfed.errors import DegenerateClientError, SupportGrowthError
+from otfed.data.features import fit_pca, reduce_features
+from otfed.federation.coresets import (CoresetClassifier, CoresetConfig, client_coresets, client_seed,
+                                       coreset_classifier, nearest_sample_labels, wasserstein_coreset)
 from otfed.federation.fedwad import FedWaDConfig, FedWaDResult, federated_wasserstein
 from otfed.federation.otdd import (client_pairs, distance_matrix, federated_otdd, matrix_and_ledger,
                                    pairwise_sessions, usable_clients)
 from otfed.figures import fed_distance as figs
-from otfed.metrics import adjusted_rand_index, order_preservation
+from otfed.fl import PersonalizedConfig, per_cluster_accuracy
+from otfed.metrics import adjusted_rand_index, mean_confidence_interval, order_preservation
 from otfed.ot import otdd_exact, wasserstein
 from otfed.ot.otdd import LabelledData
 from otfed.schema import PositiveInt, Strict
@@ -78,12 +90,40 @@ class ClusteringParams(Strict):
     fedwad: FedWaDConfig = FedWaDConfig(support_size=10, iterations=10)
 
 
+class ClusteredFLParams(Strict):
+    """FL within the clusters (FedWaD §5 tables 1–5): each algorithm trained separately in every cluster;
+    ``global`` = one cluster of all clients (the baseline), ``planted`` = the true groups (an oracle),
+    ``affinity`` / ``knn<k>`` = the spectral clusterings of ``clustering``. Each client is scored on its own
+    held-out split (the partition's validation rows)."""
+
+    clusterings: list[str] = Field(["global", "affinity"], min_length=1)
+    algorithms: list[Literal["fedavg", "fedper", "fedrep"]] = Field(["fedavg", "fedper", "fedrep"], min_length=1)
+    seeds: int = Field(3, ge=1, le=100, description="Seeds seed … seed+seeds−1 (initialisation, batches).")
+    fl: PersonalizedConfig = PersonalizedConfig()
+
+
+class CoresetParams(Strict):
+    """Federated Wasserstein coresets + 1-NN (FedWaD §5 fig. 5, 12): each client of each federation learns
+    ``points`` coreset points through FedWaD sessions with the server; the server's 1-NN classifier uses
+    every client's labelled coreset. Features: a PCA fitted on the server's test split (the paper
+    autoencodes MNIST; the PCA is the linear autoencoder, fitted on server data)."""
+
+    federations: list[str] = Field(["pairs_none", "pairs_strong"])
+    points: list[PositiveInt] = Field([5, 10], min_length=1)
+    pca_components: int = Field(32, ge=1)
+    seeds: int = Field(3, ge=1, le=100)
+    coreset: CoresetConfig = CoresetConfig(epochs=30, fedwad=FedWaDConfig(support_size=10, iterations=5))
+
+
 class FedDistanceParams(Strict):
-    """Stage ``fed_distance``: toy study (fig. 2–3), federated OTDD (fig. 6), client clustering (tables 1–5)."""
+    """Stage ``fed_distance``: toy study (fig. 2–3), federated OTDD (fig. 6), client clustering and FL
+    within the clusters (tables 1–5)."""
 
     toy: ToyParams
     otdd: OTDDParams = OTDDParams()
     clustering: ClusteringParams
+    clustered_fl: ClusteredFLParams | None = ClusteredFLParams()
+    coresets: CoresetParams | None = CoresetParams()
 
 
 def check(p: Params) -> None:
@@ -93,17 +133,28 @@ def check(p: Params) -> None:
         raise ValueError(f"fed_distance.otdd.federation: {ref!r} must have scheme 'by_dataset'")
     for name in p.fed_distance.clustering.federations:
         named_federation(p, "fed_distance.clustering.federations", name)
+    if p.fed_distance.coresets is not None:
+        for i, name in enumerate(p.fed_distance.coresets.federations):
+            named_federation(p, f"fed_distance.coresets.federations[{i}]", name)
+    fl = p.fed_distance.clustered_fl
+    if fl is not None:
+        allowed = clustering_names(p.fed_distance.clustering)
+        for i, name in enumerate(fl.clusterings):
+            if name not in allowed:
+                raise ValueError(f"fed_distance.clustered_fl.clusterings[{i}]: {name!r} is not one of "
+                                 f"{', '.join(allowed)} (knn<k> for k in fed_distance.clustering.neighbors)")
 
 
 # -------------------------------------------------------------------------------------------- jobs
 @dataclass(frozen=True)
 class Roster:
-    """A federation's usable clients (their data stay in the jobs), their planted groups, and the degenerate
-    clients left out (rows federation, client, reason)."""
+    """A federation's usable clients (their data stay in the jobs), their planted groups, the degenerate
+    clients left out (rows federation, client, reason), and each usable client's held-out split."""
 
     clients: list[LabelledData]
     groups: np.ndarray
     degenerate: list[dict[str, str]]
+    held_out: list[tuple[np.ndarray, np.ndarray]]
 
 
 def roster(name: str, diagonal: bool) -> Roster:
@@ -118,7 +169,8 @@ def roster(name: str, diagonal: bool) -> Roster:
         raise DegenerateClientError(f"federation {name!r}: fewer than 2 usable clients; "
                                     + "; ".join(r for _, r in problems))
     return Roster([clients[k] for k in keep], fed.client_group[keep],
-                  [dict(federation=name, client=c, reason=r) for c, r in problems])
+                  [dict(federation=name, client=c, reason=r) for c, r in problems],
+                  [fed.client_data(k, VAL) for k in keep])
 
 
 def toy_cases(toy: ToyParams, seed: int) -> list[dict[str, Any]]:
@@ -154,7 +206,62 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         clients = roster(name, cfg.diagonal).clients
         out += [Job(f"clustering {name} {kw['a'].name}|{kw['b'].name}", federated_otdd, kw)
                 for kw in pairwise_sessions(clients, cfg.fedwad, seed, cfg.diagonal)]
+    out += [Job(f"coresets {kw['federation']} K={kw['config'].points} seed {kw['seed']}", coreset_classification, kw)
+            for kw in coreset_runs(p)]
     return out
+
+
+def coreset_runs(p: Params) -> list[dict[str, Any]]:
+    """The arguments of every :func:`coreset_classification`: federation × points × seed, the clients'
+    training and held-out splits projected on the federation's server-fitted PCA."""
+    fd, seed = p.fed_distance, p.run.seed
+    cs = fd.coresets
+    if cs is None:
+        return []
+    out = []
+    for name in cs.federations:
+        fed = load_federation(name, layout.PARTITIONS)
+        pca = fit_pca(fed.x_test.astype(np.float64), cs.pca_components, seed)
+        keep, _ = usable_clients([LabelledData(fed.client_names[k], *fed.client_data(k))
+                                  for k in range(fed.n_clients)], fd.clustering.diagonal)
+        train = [LabelledData(fed.client_names[k], reduce_features(fed.client_data(k)[0], pca), fed.client_data(k)[1])
+                 for k in keep]
+        held = [LabelledData(fed.client_names[k], reduce_features(fed.client_data(k, VAL)[0], pca),
+                             fed.client_data(k, VAL)[1]) for k in keep]
+        for k in cs.points:
+            for s in range(seed, seed + cs.seeds):
+                out.append(dict(federation=name, train=train, held_out=held,
+                                config=cs.coreset.model_copy(update={"points": k}), seed=s))
+    return out
+
+
+def coreset_classification(federation: str, train: list[LabelledData], held_out: list[LabelledData],
+                           config: CoresetConfig, seed: int) -> list[dict[str, Any]]:
+    """FedWaD fig. 5 / 12, one cell: every client's coreset of ``config.points`` points — federated
+    (:func:`~otfed.federation.coresets.client_coresets`: FedWaD sessions with the server, labels from the
+    client's nearest sample) and, for reference, exact (:func:`~otfed.federation.coresets.wasserstein_coreset`
+    on the client's own data, same start) —, the 1-NN classifier over all clients' labelled coresets, and
+    every client's held-out accuracy. Rows: method, client, correct, total, accuracy, w2 (the client's
+    exact W_2 between its coreset and its data)."""
+    rows = []
+    federated = client_coresets(train, config, seed)
+    exact = []
+    for i, (c, fc) in enumerate(zip(train, federated)):
+        res = wasserstein_coreset(c.x, config.points, epochs=config.epochs, lr=config.lr,
+                                  seed=client_seed(seed, i), init_scale=config.init_scale)
+        points = res.coreset
+        exact.append((points, nearest_sample_labels(points, c.x, c.y)))
+    classifiers = {"fedwad_coreset": coreset_classifier(federated),
+                   "exact_coreset": CoresetClassifier(np.concatenate([p for p, _ in exact]),
+                                                      np.concatenate([lab for _, lab in exact]))}
+    supports = {"fedwad_coreset": [fc.message.points for fc in federated], "exact_coreset": [p for p, _ in exact]}
+    for method, classifier in classifiers.items():
+        for c, test, points in zip(train, held_out, supports[method]):
+            correct = int(np.sum(classifier.predict(test.x) == test.y))
+            rows.append(dict(federation=federation, points=config.points, seed=seed, method=method, client=c.name,
+                             correct=correct, total=len(test.y), accuracy=correct / len(test.y),
+                             w2=wasserstein(points, c.x, p=2)))
+    return rows
 
 
 def toy_case(dim: int, ratio: int, n: int, repeat: int, supports: list[int], iterations: int,
@@ -219,6 +326,87 @@ def otdd_pair(a: LabelledData, b: LabelledData, config: FedWaDConfig, seed: int,
                 seconds_exact=t_exact, bytes=fed.ledger.total_bytes, messages=len(fed.ledger.entries))
 
 
+def clustering_names(cfg: ClusteringParams) -> list[str]:
+    """The clusterings clustered FL can train within: ``global``, ``planted``, ``affinity``, ``knn<k>``."""
+    return ["global", "planted", "affinity"] + [f"knn{k}" for k in cfg.neighbors]
+
+
+class Sessions(NamedTuple):
+    """The first jobs' results regrouped: toy rows, convergence rows, OTDD pairs, and per clustering
+    federation its name, roster and pair results; ``rest`` = the follow-up results."""
+
+    toy: list[dict[str, Any]]
+    convergence: list[dict[str, Any]]
+    otdd: tuple[Roster, list[dict[str, Any]]]
+    clustering: list[tuple[str, Roster, list[FedWaDResult]]]
+    coresets: list[dict[str, Any]]
+    rest: list[Any]
+
+
+def sessions(p: Params, results: list[Any]) -> Sessions:
+    """:func:`jobs`' results (in job order) regrouped; each federation's roster read again from
+    ``data/partitions``, the files the jobs read."""
+    fd, seed = p.fed_distance, p.run.seed
+    remaining = iter(results)
+    toy_rows = [row for rows in islice(remaining, len(toy_cases(fd.toy, seed))) for row in rows]
+    conv_rows = [row for rows in islice(remaining, len(convergence_runs(fd.toy, seed))) for row in rows]
+    otdd = roster(fd.otdd.federation, fd.otdd.diagonal)
+    otdd_results = _take(remaining, len(otdd.clients), include_diagonal=True)
+    rosters = []
+    for name in fd.clustering.federations:
+        r = roster(name, fd.clustering.diagonal)
+        rosters.append((name, r, _take(remaining, len(r.clients), include_diagonal=False)))
+    coreset_rows = [row for rows in islice(remaining, len(coreset_runs(p))) for row in rows]
+    return Sessions(toy_rows, conv_rows, (otdd, otdd_results), rosters, coreset_rows, list(remaining))
+
+
+def cluster_labels(cfg: ClusteringParams, r: Roster, results: list[FedWaDResult],
+                   seed: int) -> tuple[np.ndarray, list[dict[str, Any]], dict[str, np.ndarray]]:
+    """A federation's federated-OTDD matrix, its clustering scores and labels (:func:`clustering_scores`)."""
+    d, _ = matrix_and_ledger(len(r.clients), results)
+    n_clusters = min(cfg.n_clusters, len(np.unique(r.groups)), len(r.clients))
+    rows, labels = clustering_scores(d, r.groups, max(n_clusters, 2), cfg.neighbors, seed)
+    return d, rows, labels
+
+
+def followups(p: Params, results: list[Any]) -> list[Job]:
+    """Clustered FL: one job per (clustering federation, clustering, algorithm, seed), with the clusters
+    spectral clustering finds on the federated OTDDs of the first jobs (the server's only input: the
+    distance matrix) — or one global cluster, or the planted groups."""
+    fd, seed = p.fed_distance, p.run.seed
+    fl = fd.clustered_fl
+    if fl is None:
+        return []
+    device = stage_device(p.run.device)
+    out = []
+    for name, r, pair_results in sessions(p, results).clustering:
+        _, _, labels = cluster_labels(fd.clustering, r, pair_results, seed)
+        sets = {"global": np.zeros(len(r.clients), dtype=np.int64), "planted": np.asarray(r.groups)} | labels
+        data = [((c.x, c.y), held) for c, held in zip(r.clients, r.held_out)]
+        n_classes = int(max(np.max(c.y) for c in r.clients)) + 1
+        for clustering in fl.clusterings:
+            for algorithm in fl.algorithms:
+                for s in range(seed, seed + fl.seeds):
+                    out.append(Job(f"clustered-fl {name} {clustering} {algorithm} seed {s}", clustered_fl, dict(
+                        federation=name, clustering=clustering, algorithm=algorithm,
+                        names=[c.name for c in r.clients], groups=np.asarray(r.groups), clients=data,
+                        clusters=sets[clustering], config=fl.fl, n_classes=n_classes, seed=s, device=device)))
+    return out
+
+
+def clustered_fl(federation: str, clustering: str, algorithm: str, names: list[str], groups: np.ndarray,
+                 clients: list[tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]],
+                 clusters: np.ndarray, config: PersonalizedConfig, n_classes: int, seed: int,
+                 device: str) -> list[dict[str, Any]]:
+    """FedWaD tables 1–5, one cell: ``algorithm`` trained within each cluster
+    (:func:`~otfed.fl.per_cluster_accuracy`); one row per client with its held-out accuracy."""
+    acc = per_cluster_accuracy(clients, clusters, algorithm, config, n_classes, seed=seed, device=device,
+                               num_threads=threads_for(device))
+    return [dict(federation=federation, clustering=clustering, algorithm=algorithm, seed=seed, client=name,
+                 group=int(g), cluster=int(c), correct=int(k), total=int(n), accuracy=float(k / n))
+            for name, g, c, k, n in zip(names, groups, clusters, acc.correct, acc.total)]
+
+
 def clustering_scores(distances: np.ndarray, groups: np.ndarray, n_clusters: int, neighbors: list[int],
                       seed: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Spectral clustering (precomputed rescaled affinity; kNN graphs) scored by ARI vs planted groups."""
@@ -242,19 +430,17 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     clients) is read again from ``data/partitions``, the files the jobs read.
     """
     fd, seed = p.fed_distance, p.run.seed
-    remaining = iter(results)
-    toy_rows = [row for rows in islice(remaining, len(toy_cases(fd.toy, seed))) for row in rows]
-    conv_rows = [row for rows in islice(remaining, len(convergence_runs(fd.toy, seed))) for row in rows]
-    metrics: dict[str, Any] = {"toy": toy_metrics(pd.DataFrame(toy_rows), pd.DataFrame(conv_rows), out)}
-    otdd = roster(fd.otdd.federation, fd.otdd.diagonal)
-    metrics["otdd"] = otdd_metrics(fd.otdd, otdd, _take(remaining, len(otdd.clients), include_diagonal=True), out)
-    degenerate = list(otdd.degenerate)
-    rosters = []
-    for name in fd.clustering.federations:
-        r = roster(name, fd.clustering.diagonal)
-        degenerate += r.degenerate
-        rosters.append((name, r, _take(remaining, len(r.clients), include_diagonal=False)))
-    metrics["clustering"] = clustering_metrics(fd.clustering, rosters, seed, out)
+    parts = sessions(p, results)
+    metrics: dict[str, Any] = {"toy": toy_metrics(pd.DataFrame(parts.toy), pd.DataFrame(parts.convergence), out)}
+    otdd, otdd_results = parts.otdd
+    metrics["otdd"] = otdd_metrics(fd.otdd, otdd, otdd_results, out)
+    degenerate = list(otdd.degenerate) + [row for _, r, _ in parts.clustering for row in r.degenerate]
+    metrics["clustering"] = clustering_metrics(fd.clustering, parts.clustering, seed, out)
+    fl_rows = [row for rows in parts.rest for row in rows]
+    if fd.clustered_fl is not None:
+        metrics["clustered_fl"] = clustered_fl_metrics(fl_rows, out)
+    if fd.coresets is not None:
+        metrics["coresets"] = coreset_metrics(parts.coresets, fl_rows, out)
     out.table(pd.DataFrame(degenerate, columns=["federation", "client", "reason"]), "degenerate_clients.csv")
     metrics["degenerate_clients"] = len(degenerate)
     return metrics
@@ -334,9 +520,8 @@ def clustering_metrics(cfg: ClusteringParams, rosters: list[tuple[str, Roster, l
     summary: dict[str, Any] = {}
     score_rows, ledgers = [], []
     for name, r, results in rosters:
-        d, ledger = matrix_and_ledger(len(r.clients), results)
-        n_clusters = min(cfg.n_clusters, len(np.unique(r.groups)), len(r.clients))
-        rows, labels = clustering_scores(d, r.groups, max(n_clusters, 2), cfg.neighbors, seed)
+        d, rows, labels = cluster_labels(cfg, r, results, seed)
+        _, ledger = matrix_and_ledger(len(r.clients), results)
         for row in rows:
             row["federation"] = name
         score_rows.extend(rows)
@@ -362,11 +547,84 @@ def clustering_metrics(cfg: ClusteringParams, rosters: list[tuple[str, Roster, l
     return summary
 
 
+def clustered_fl_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per federation, clustering and algorithm: the pooled held-out accuracy Σ correct / Σ total (as the
+    paper reports) as mean ± 95% CI over seeds, and the uplift over global FedAvg with the same seed
+    (paired), mean ± 95% CI — the paper's "average uplift"."""
+    pooled = rows.groupby(["federation", "clustering", "algorithm", "seed"], sort=False).agg(
+        correct=("correct", "sum"), total=("total", "sum")).reset_index()
+    pooled["accuracy"] = pooled.correct / pooled.total
+    base = pooled[(pooled.clustering == "global") & (pooled.algorithm == "fedavg")].set_index(["federation", "seed"])
+    out = []
+    for (fed, clustering, algorithm), sub in pooled.groupby(["federation", "clustering", "algorithm"], sort=False):
+        mean, half = mean_confidence_interval(sub.accuracy)
+        row = dict(federation=fed, clustering=clustering, algorithm=algorithm, seeds=len(sub), accuracy=mean,
+                   accuracy_ci95=half)
+        if not base.empty:
+            ref = base.accuracy.reindex(list(zip(sub.federation, sub.seed))).to_numpy()
+            if np.all(np.isfinite(ref)):
+                row["uplift_vs_global_fedavg"], row["uplift_vs_global_fedavg_ci95"] = mean_confidence_interval(
+                    sub.accuracy.to_numpy() - ref)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def clustered_fl_metrics(rows: list[dict[str, Any]], out: Report) -> dict[str, Any]:
+    """Tables 1–5: per-client rows (``clustered_fl_clients.csv``), the summary over seeds
+    (``clustered_fl.csv``) and its figure; nested run ``clustered_fl/<federation>``."""
+    table = pd.DataFrame(rows)
+    out.table(table, "clustered_fl_clients.csv", markdown=False)
+    summary = clustered_fl_summary(table)
+    out.table(summary, "clustered_fl.csv")
+    out.figure(figs.clustered_fl_figure(summary), "clustered_fl.png")
+    metrics: dict[str, Any] = {}
+    for fed, sub in summary.groupby("federation", sort=False):
+        metrics[fed] = {f"{r.clustering}_{r.algorithm}": round(float(r.accuracy), 4) for r in sub.itertuples()}
+        metrics[fed] |= {f"{r.clustering}_{r.algorithm}_uplift": round(float(r.uplift_vs_global_fedavg), 4)
+                         for r in sub.itertuples()
+                         if r.clustering != "global" and np.isfinite(getattr(r, "uplift_vs_global_fedavg", np.nan))}
+        with out.variant(f"clustered_fl/{fed}", tags={"federation": fed}) as child:
+            child.log_metrics({k: float(v) for k, v in metrics[fed].items()})
+    return metrics
+
+
+def coreset_metrics(rows: list[dict[str, Any]], fl_rows: list[dict[str, Any]], out: Report) -> dict[str, Any]:
+    """Fig. 5 / 12: per federation, points and method the pooled held-out accuracy of the coreset 1-NN
+    (mean ± 95% CI over seeds) next to the global FedAvg / FedPer / FedRep of clustered FL on the same
+    held-out splits (``coresets.csv``, ``coresets.png``); per-client rows in ``coresets_clients.csv``."""
+    table = pd.DataFrame(rows)
+    out.table(table, "coresets_clients.csv", markdown=False)
+    summary = []
+    for (fed, points, method), sub in table.groupby(["federation", "points", "method"], sort=False):
+        pooled = sub.groupby("seed").agg(correct=("correct", "sum"), total=("total", "sum"), w2=("w2", "mean"))
+        mean, half = mean_confidence_interval(pooled.correct / pooled.total)
+        summary.append(dict(federation=fed, method=f"{method} K={points}", accuracy=mean, accuracy_ci95=half,
+                            mean_client_w2=float(pooled.w2.mean()), seeds=len(pooled)))
+    if fl_rows:
+        fl = clustered_fl_summary(pd.DataFrame(fl_rows))
+        for r in fl[(fl.clustering == "global") & fl.federation.isin(table.federation.unique())].itertuples():
+            summary.append(dict(federation=r.federation, method=f"global {r.algorithm}", accuracy=r.accuracy,
+                                accuracy_ci95=r.accuracy_ci95, mean_client_w2=float("nan"), seeds=r.seeds))
+    frame = pd.DataFrame(summary).sort_values(["federation"], kind="stable")
+    out.table(frame, "coresets.csv")
+    out.figure(figs.coreset_figure(frame), "coresets.png")
+    metrics: dict[str, Any] = {}
+    for fed, sub in frame.groupby("federation", sort=False):
+        metrics[fed] = {r.method.replace(" ", "_").replace("=", ""): round(float(r.accuracy), 4)
+                        for r in sub.itertuples()}
+        with out.variant(f"coresets/{fed}", tags={"federation": fed}) as child:
+            child.log_metrics({k: float(v) for k, v in metrics[fed].items()})
+    return metrics
+
+
 STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check,
               headline=("toy.fedwad_approx_S100_*_rel_error",  # fig. 2: error at the largest S, n = max_n
                         "toy.convergence_gap_d50_approx_S300_*",  # fig. 3: fixed t = 0.5 stalls, random t not
                         "otdd.mean_rel_error", "otdd.order_preserved",  # fig. 6
-                        "clustering.*.affinity"))  # tables 1-5: ARI per structure
+                        "clustering.*.affinity",  # tables 1-5: ARI per structure
+                        "clustered_fl.*.global_fedavg", "clustered_fl.*.affinity_fedavg_uplift",  # tables 1-5
+                        "coresets.*.fedwad_coreset_K10"),  # fig. 5 / 12: coreset 1-NN accuracy
+              followups=followups)
 
 if __name__ == "__main__":  # DVC: python -m stages.fed_distance
     from flows.stage import main

@@ -1,29 +1,32 @@
 """Stage ``noisy_removal`` — FedBary table 4 (SPEC §3 "Boost FL"): clients drop what FedBary flags.
 
 5 clients with planted noise; the server holds a validation set (FedBary's target Q) and a test set.
-Each client computes its datum values locally (calibrated gradients against η_{Q_i}, eq. 10), drops what
-it flags, and FedAvg is trained on all data and on what is kept — with oracle and random removal of as
-many points for reference. One job per noisy federation.
+Each client computes its datum values locally (calibrated gradients against η_{Q_i}, eq. 10) and drops data
+by the paper's rule (g > 0) or by a budget the server picks on its validation set; FedAvg is trained on all
+data and on what is kept — with oracle and random removal for reference. One job per (noisy federation,
+seed); the report gives mean ± 95% CI over the seeds.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from otfed.data.parties import client_sets, n_classes_of, project_federation, server_split
 from otfed.data.store import load_federation
 from otfed.device import stage_device, threads_for
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation
 from otfed.figures import valuation as figs
-from otfed.fl import FedAvgConfig, fedavg_accuracy
+from otfed.fl import FedAvgConfig, evaluate, init_state
+from otfed.fl import fedavg as run_fedavg
+from otfed.metrics import mean_confidence_interval
 from otfed.ot.otdd import LabelledData
 from otfed.schema import Strict
-from otfed.valuation import flag_noisy
+from otfed.valuation import detection_auc, flag_noisy
 from stages import layout
 from stages.params import server_split_federation
 from stages.stage import Job, Report, Stage
@@ -40,13 +43,35 @@ class NoisyRemovalParams(Strict):
     """Stage ``noisy_removal`` (table 4): clients drop what FedBary flags; FedAvg before vs after."""
 
     federations: list[str] = Field(["fmnist_label_noise", "fmnist_feature_noise"], min_length=1)
-    pca_components: int = Field(32, ge=0)
+    pca_components: int = Field(0, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
+    random_projection: int = Field(0, ge=0, description="0 = none; else a Gaussian random projection to this many "
+                                   "dimensions (keeps distances and feature-noise energy).")
     validation_samples: int = Field(500, ge=10, description="Server validation = first rows of the test split; "
                                     "the rest is the test set.")
     max_remove_fraction: float = Field(1.0, gt=0.0, le=1.0,
-                                       description="Cap on the share of a client's data it removes (top values).")
+                                       description="Cap on the share of a client's data the g > 0 rule removes.")
+    budgets: list[float] = Field([0.0, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3], min_length=1,
+                                 description="Candidate shares of its data every client drops (largest g first); "
+                                 "the server keeps the one whose FedAvg scores best on its validation set.")
+    seeds: int = Field(3, ge=1, le=100, description="Repeats with seeds seed … seed+seeds−1 (FedBary's draws, FedAvg's "
+                       "initialisation, the random removal): accuracies as mean ± 95% CI.")
     fedbary: FedBaryConfig = FedBaryConfig()
     fedavg: FedAvgConfig = FedAvgConfig(rounds=20)
+
+    @field_validator("budgets")
+    @classmethod
+    def _budgets(cls, v: list[float]) -> list[float]:
+        if any(not 0.0 <= b < 1.0 for b in v):
+            raise ValueError("budgets must lie in [0, 1)")
+        if len(set(v)) != len(v):
+            raise ValueError("budgets must be distinct")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _one_projection(self) -> "NoisyRemovalParams":
+        if self.pca_components and self.random_projection:
+            raise ValueError("set pca_components or random_projection, not both (0 turns one off)")
+        return self
 
 
 def check(p: Params) -> None:
@@ -58,87 +83,156 @@ def check(p: Params) -> None:
 
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
-    """One removal experiment per noisy federation (features projected as the params say)."""
+    """One removal experiment per (noisy federation, seed) (features projected as the params say)."""
     # FedAvg runs on run.device; on CPU one torch thread per task (pinned once, for the stage)
     device = stage_device(p.run.device)
     nr, seed = p.noisy_removal, p.run.seed
     out = []
     for name in nr.federations:
         fed = project_federation(load_federation(name, layout.PARTITIONS, require_finite=True), nr.pca_components,
-                                 seed)
+                                 seed, nr.random_projection)
         validation, test = server_split(fed, nr.validation_samples)
-        out.append(Job(f"noisy-removal {name}", removal_experiment, dict(
-            name=name, clients=client_sets(fed), noisy=[fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)],
-            validation=validation, test=test, config=nr.fedbary, fedavg=nr.fedavg,
-            max_remove_fraction=nr.max_remove_fraction, seed=seed, device=device)))
+        for s in range(seed, seed + nr.seeds):
+            out.append(Job(f"noisy-removal {name} seed {s}", removal_experiment, dict(
+                name=name, clients=client_sets(fed), noisy=[fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)],
+                validation=validation, test=test, config=nr.fedbary, fedavg=nr.fedavg,
+                max_remove_fraction=nr.max_remove_fraction, budgets=nr.budgets, seed=s, device=device)))
     return out
+
+
+def _top(g: np.ndarray, count: int) -> np.ndarray:
+    """Mask of the ``count`` largest calibrated gradients (ties in client order)."""
+    remove = np.zeros(len(g), dtype=bool)
+    remove[np.argsort(-g, kind="stable")[:count]] = True
+    return remove
+
+
+class Removal(NamedTuple):
+    """One (federation, seed): the table-4 row, one row per client, the accuracy of every budget."""
+
+    summary: dict[str, Any]
+    clients: list[dict[str, Any]]
+    budgets: list[dict[str, Any]]
 
 
 def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.ndarray], validation: LabelledData,
                        test: tuple[np.ndarray, np.ndarray], config: FedBaryConfig, fedavg: FedAvgConfig,
-                       max_remove_fraction: float, seed: int,
-                       device: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """FedBary table 4 for one federation: FedBary with the server's validation set; every client drops
-    the data it flags (calibrated gradient > 0; at most ``max_remove_fraction`` of its data, the largest
-    values first); FedAvg on all data vs on what is kept, accuracy on the server's test set. For reference
-    also FedAvg after dropping exactly the noisy data (oracle) and after dropping as many random data per
-    client. ``noisy_in_top_noisy``: noisy data among each client's n_noisy largest values (a ranking score
-    that does not depend on the g > 0 threshold). FedAvg runs on ``device``. Returns the table row and one
-    row per client."""
+                       max_remove_fraction: float, budgets: Sequence[float], seed: int, device: str) -> Removal:
+    """FedBary table 4 for one federation and seed. FedBary runs with the server's validation set as Q;
+    each client computes its calibrated gradients g (eq. 10) locally and drops data by one of two rules:
+
+    * ``flagged`` — the paper's rule: every datum with g > 0 (at most ``max_remove_fraction`` of its data);
+    * ``budget`` — the b largest-g share of its data, b ∈ ``budgets``; the server picks b by the FedAvg
+      accuracy on its *validation* set (ties → the smaller b), never by the test set.
+
+    FedAvg (on ``device``) is trained on all data and on what each rule keeps; accuracies are on the
+    server's test set. References: dropping exactly the noisy data (oracle) and as many random data per
+    client as the budget rule drops. Also the ROC AUC of g against the planted noise and, per client, what
+    each rule removed."""
     start = time.perf_counter()
     res = federated_valuation(clients, config, validation=validation, seed=seed, datum_values=True,
                               potential=config.potential)
     fedbary_seconds = time.perf_counter() - start
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
-    kept, oracle, random_kept, client_rows = [], [], [], []
-    names = [c.name for c in clients]
-    for c, bad in zip(clients, noisy):
-        g = res.datum_values[c.name]
-        flagged = flag_noisy(g)
-        cap = int(np.floor(max_remove_fraction * len(g)))
-        order = np.argsort(-g, kind="stable")
-        remove = np.zeros(len(g), dtype=bool)
-        remove[order[:min(int(flagged.sum()), cap)]] = True
-        kept.append((c.x[~remove], c.y[~remove]))
-        oracle.append((c.x[~bad], c.y[~bad]))
-        drop = rng.choice(len(g), int(remove.sum()), replace=False)
-        keep_r = np.ones(len(g), dtype=bool)
-        keep_r[drop] = False
-        random_kept.append((c.x[keep_r], c.y[keep_r]))
-        client_rows.append(dict(federation=name, client=c.name, n=len(g), noisy=int(bad.sum()),
-                                flagged=int(flagged.sum()), removed=int(remove.sum()),
-                                removed_noisy=int((remove & bad).sum()),
-                                noisy_in_top_noisy=int(bad[order[:int(bad.sum())]].sum()),
-                                contribution_percent=float(res.contributions[names.index(c.name)])))
     n_classes = n_classes_of(test[1], validation.y, *[c.y for c in clients])
-    every = [(c.x, c.y) for c in clients]
     threads = threads_for(device)
-    acc = {key: fedavg_accuracy(sets, test, n_classes, fedavg, seed, device=device, num_threads=threads)
-           for key, sets in (("before", every), ("after", kept), ("oracle", oracle), ("random", random_kept))}
+    values = [res.datum_values[c.name] for c in clients]
+
+    def kept(masks: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(c.x[~m], c.y[~m]) for c, m in zip(clients, masks)]
+
+    def accuracies(masks: Sequence[np.ndarray]) -> tuple[float, float]:
+        """FedAvg trained once on what ``masks`` keep; its (validation, test) accuracy."""
+        state = init_state(test[0].shape[1], n_classes, hidden=fedavg.hidden, seed=seed)
+        state = run_fedavg(kept(masks), state, rounds=fedavg.rounds, epochs=fedavg.epochs, lr=fedavg.lr, seed=seed,
+                           batch_size=fedavg.batch_size, device=device, num_threads=threads).state
+        return tuple(evaluate(state, x, y, device=device, num_threads=threads)  # type: ignore[return-value]
+                     for x, y in ((validation.x, validation.y), test))
+
+    budget_masks = {b: [_top(g, int(np.floor(b * len(g)))) for g in values] for b in budgets}
+    budget_rows = []
+    for b, masks in budget_masks.items():
+        val_acc, test_acc = accuracies(masks)
+        budget_rows.append(dict(federation=name, seed=seed, budget=b, removed=int(sum(m.sum() for m in masks)),
+                                removed_noisy=int(sum((m & bad).sum() for m, bad in zip(masks, noisy))),
+                                validation_accuracy=val_acc, test_accuracy=test_acc))
+    best = max(budget_rows, key=lambda r: (r["validation_accuracy"], -r["budget"]))
+    chosen = budget_masks[best["budget"]]
+    flagged = [_top(g, min(int(flag_noisy(g).sum()), int(np.floor(max_remove_fraction * len(g))))) for g in values]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
+    random_masks = []
+    for m in chosen:
+        r = np.zeros(len(m), dtype=bool)
+        r[rng.choice(len(m), int(m.sum()), replace=False)] = True
+        random_masks.append(r)
+    nothing = [np.zeros(len(g), dtype=bool) for g in values]
+    acc = {key: accuracies(masks)[1] for key, masks in (("before", nothing), ("flagged", flagged),
+                                                       ("oracle", noisy), ("random", random_masks))}
+    acc["budget"] = best["test_accuracy"]
     all_noisy = np.concatenate(noisy)
-    removed = sum(r["removed"] for r in client_rows)
-    removed_noisy = sum(r["removed_noisy"] for r in client_rows)
-    summary = dict(federation=name, n_train=int(len(all_noisy)), noisy=int(all_noisy.sum()),
-                   flagged=sum(r["flagged"] for r in client_rows), removed=removed, removed_noisy=removed_noisy,
-                   precision=removed_noisy / removed if removed else 0.0,
-                   recall=removed_noisy / all_noisy.sum() if all_noisy.sum() else 0.0,
-                   noisy_in_top_noisy=sum(r["noisy_in_top_noisy"] for r in client_rows),
-                   accuracy_before=acc["before"], accuracy_after=acc["after"],
+    client_rows = []
+    for k, (c, bad, g) in enumerate(zip(clients, noisy, values)):
+        client_rows.append(dict(federation=name, seed=seed, client=c.name, n=len(g), noisy=int(bad.sum()),
+                                flagged=int(flag_noisy(g).sum()), removed_flagged=int(flagged[k].sum()),
+                                removed_flagged_noisy=int((flagged[k] & bad).sum()),
+                                removed_budget=int(chosen[k].sum()), removed_budget_noisy=int((chosen[k] & bad).sum()),
+                                noisy_in_top_noisy=int(bad[_top(g, int(bad.sum()))].sum()),
+                                contribution_percent=float(res.contributions[k])))
+
+    def removed(masks: Sequence[np.ndarray]) -> tuple[int, int]:
+        return int(sum(m.sum() for m in masks)), int(sum((m & bad).sum() for m, bad in zip(masks, noisy)))
+
+    n_flagged, flagged_noisy = removed(flagged)
+    n_budget, budget_noisy = removed(chosen)
+    summary = dict(federation=name, seed=seed, n_train=int(len(all_noisy)), noisy=int(all_noisy.sum()),
+                   auc=detection_auc(np.concatenate(values), all_noisy),
+                   removed_flagged=n_flagged, removed_flagged_noisy=flagged_noisy,
+                   precision_flagged=flagged_noisy / n_flagged if n_flagged else 0.0,
+                   recall_flagged=flagged_noisy / all_noisy.sum() if all_noisy.sum() else 0.0,
+                   budget=best["budget"], removed_budget=n_budget, removed_budget_noisy=budget_noisy,
+                   accuracy_before=acc["before"], accuracy_flagged=acc["flagged"], accuracy_budget=acc["budget"],
                    accuracy_oracle_removal=acc["oracle"], accuracy_random_removal=acc["random"],
                    fedbary_seconds=fedbary_seconds)
-    return summary, client_rows
+    return Removal(summary, client_rows, budget_rows)
 
 
 # ------------------------------------------------------------------------------------------ report
-def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]]]], out: Report,
-           dirs: Mapping[str, Path]) -> dict[str, Any]:
-    """Table 4 (``removal.csv``), per-client rows, the before/after figure; one nested run per federation."""
-    table = pd.DataFrame([s for s, _ in results])
+ACCURACIES = ("accuracy_before", "accuracy_flagged", "accuracy_budget", "accuracy_oracle_removal",
+              "accuracy_random_removal")
+
+
+def seed_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per federation, over its seeds: mean and 95% CI half-width (Student t) of every accuracy, of the
+    paired gains (rule − before, same seed) and of the removal counts."""
+    rows = []
+    for name, sub in table.groupby("federation", sort=False):
+        row: dict[str, Any] = dict(federation=name, seeds=len(sub))
+        cols = {c: sub[c].to_numpy(dtype=np.float64) for c in (*ACCURACIES, "auc", "budget", "removed_flagged",
+                                                                "removed_flagged_noisy", "removed_budget",
+                                                                "removed_budget_noisy")}
+        before = cols["accuracy_before"]
+        for c in ACCURACIES[1:]:
+            cols[f"gain_{c.removeprefix('accuracy_')}"] = cols[c] - before
+        for c, v in cols.items():
+            row[c], row[f"{c}_ci95"] = mean_confidence_interval(v)
+        row["noisy"] = int(sub.noisy.iloc[0])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def report(p: Params, results: list[Removal], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """Table 4 per seed (``removal.csv``) and over seeds (``removal_summary.csv``: mean ± 95% CI), per-client
+    rows, every budget's validation and test accuracy, the before/after figure; one nested run per
+    federation."""
+    table = pd.DataFrame([r.summary for r in results])
     out.table(table, "removal.csv")
-    out.table(pd.DataFrame([r for _, rows in results for r in rows]), "removal_clients.csv")
-    out.figure(figs.removal_figure(table), "removal.png")
+    out.table(pd.DataFrame([c for r in results for c in r.clients]), "removal_clients.csv")
+    budgets = pd.DataFrame([b for r in results for b in r.budgets])
+    out.table(budgets, "removal_budgets.csv")
+    summary = seed_summary(table)
+    out.table(summary, "removal_summary.csv")
+    out.figure(figs.removal_figure(summary, budgets), "removal.png")
     metrics: dict[str, Any] = {}
-    for r in table.to_dict("records"):
+    for r in summary.to_dict("records"):
         name = r.pop("federation")
         metrics[name] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
         with out.variant(f"removal/{name}", tags={"federation": name}) as child:
@@ -147,8 +241,9 @@ def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]]]]
 
 
 STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check,
-              headline=("*.accuracy_before", "*.accuracy_after", "*.accuracy_oracle_removal",  # table 4
-                        "*.noisy", "*.removed", "*.removed_noisy"))
+              headline=("*.accuracy_before", "*.accuracy_flagged", "*.accuracy_budget",  # table 4
+                        "*.accuracy_oracle_removal", "*.gain_budget", "*.gain_budget_ci95", "*.auc",
+                        "*.removed_budget", "*.removed_budget_noisy"))
 
 if __name__ == "__main__":  # DVC: python -m stages.noisy_removal
     from flows.stage import main

@@ -9,6 +9,8 @@ A stage module in ``stages/`` holds, in this order:
    arguments), built from the validated params;
 3. one **pure task function per kind of job** — arrays / paths in, table rows and arrays out; no MLflow,
    no Prefect, no global state (files only under the staged output folders it is handed);
+   Where some work needs the results of the first jobs (FL within the clusters that the pairwise distances
+   give), ``followups(p, results)`` returns a second list of jobs, fanned out the same way after the first;
 4. :func:`report` — turns the job results (in job order) into tables, figures, nested variant runs and
    the headline metrics (returned; the runner writes ``metrics.json``); ``check(p)`` beside them when the
    group names things in other groups (a federation, a task), raising ValueError naming the key. Wall times
@@ -97,6 +99,7 @@ JobsFn = Callable[[Any, Mapping[str, Path]], list[Job]]
 ReportFn = Callable[[Any, list[Any], Report, Mapping[str, Path]], dict[str, Any]]
 # validated Params → None, or ValueError naming the key (cross-group references, checked before any work)
 CheckFn = Callable[[Any], None]
+FollowupsFn = Callable[[Any, list[Any]], list[Job]]  # (params, the first jobs' results) -> more jobs
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,9 @@ class Stage:
     one track runs without the other track's groups. ``headline`` are the dotted key patterns of the
     few metrics ``dvc metrics show`` shows (:func:`headline_metrics`); the full dict goes to MLflow.
     ``preflight(p)`` checks the stage's input files cheaply (exist, readable, the right shape) before the
-    runner starts any server, raising :class:`~otfed.errors.OtfedError` naming the file.
+    runner starts any server, raising :class:`~otfed.errors.OtfedError` naming the file. ``followups(p,
+    results)``: jobs built from the results of :attr:`jobs` (fanned out after them; :attr:`report` gets
+    the results of both lists, in job order, the first list first).
     """
 
     name: str
@@ -127,6 +132,7 @@ class Stage:
     needs: tuple[str, ...] = ()
     headline: tuple[str, ...] = ()
     preflight: CheckFn | None = None
+    followups: FollowupsFn | None = None
 
 
 # ------------------------------------------------------------------------------------ headline metrics

@@ -18,14 +18,41 @@ from otfed.data.store import FederationData
 from otfed.ot.otdd import LabelledData
 
 
-def project_federation(fed: FederationData, n_components: int, seed: int) -> FederationData:
+def project_federation(fed: FederationData, n_components: int, seed: int, random_components: int = 0) -> FederationData:
     """The federation with features projected on a PCA fitted on its server-side test split (the
-    partition stage's rule: the server's public data, never client rows). ``n_components=0``: unchanged."""
+    partition stage's rule: the server's public data, never client rows), or — ``random_components`` > 0 —
+    by a Gaussian random projection (:func:`random_projection_federation`). Both 0: unchanged."""
+    if n_components and random_components:
+        raise ValueError(f"federation {fed.name!r}: choose a PCA ({n_components} components) or a random "
+                         f"projection ({random_components}), not both")
+    if random_components:
+        return random_projection_federation(fed, random_components, seed)
     if n_components == 0:
         return fed
     pca = fit_pca(fed.x_test.astype(np.float64), n_components, seed)
     return dataclasses.replace(fed, x=reduce_features(fed.x, pca).astype(np.float32),
                                x_test=reduce_features(fed.x_test, pca).astype(np.float32))
+
+
+def random_projection_federation(fed: FederationData, n_components: int, seed: int) -> FederationData:
+    """The federation with features mapped by one Gaussian random projection x ↦ Rᵀx, R ∈ ℝ^{d×k} with
+    i.i.d. N(0, 1/k) entries drawn from ``seed`` (a public seed every party can draw R from: no data are
+    involved). Johnson–Lindenstrauss: E‖Rᵀv‖² = ‖v‖² for every v, so distances — and the energy of
+    isotropic feature noise, which a PCA fitted on clean data mostly discards — are kept up to
+    O(1/√k) relative distortion. ``n_components=0``: unchanged."""
+    if n_components == 0:
+        return fed
+    d = int(np.prod(fed.x.shape[1:]))
+    if n_components >= d:
+        raise ValueError(f"federation {fed.name!r}: random projection to {n_components} dimensions needs fewer "
+                         f"than the {d} features")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x52505]))
+    r = rng.normal(0.0, 1.0 / np.sqrt(n_components), size=(d, n_components))
+
+    def project(x: np.ndarray) -> np.ndarray:
+        return (np.asarray(x, dtype=np.float64).reshape(len(x), d) @ r).astype(np.float32)
+
+    return dataclasses.replace(fed, x=project(fed.x), x_test=project(fed.x_test))
 
 
 def client_sets(fed: FederationData) -> list[LabelledData]:

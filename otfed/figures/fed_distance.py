@@ -97,3 +97,52 @@ def clustering_heatmap(distances: np.ndarray, groups: np.ndarray, title: str) ->
     fig.colorbar(im, ax=ax, label="federated OTDD")
     fig.tight_layout()
     return fig
+
+
+def clustered_fl_figure(summary: pd.DataFrame) -> plt.Figure:
+    """FedWaD tables 1–5 as bars: pooled held-out accuracy (mean ± 95% CI over seeds) of each algorithm
+    trained globally, within the federated-OTDD clusters and within the planted groups; one panel per
+    federation. ``summary``: federation, clustering, algorithm, accuracy, accuracy_ci95."""
+    feds = list(dict.fromkeys(summary.federation))
+    fig, axes = plt.subplots(1, len(feds), figsize=(4.6 * len(feds), 3.6), squeeze=False, sharey=True)
+    for ax, fed in zip(axes[0], feds):
+        sub = summary[summary.federation == fed]
+        algorithms = list(dict.fromkeys(sub.algorithm))
+        clusterings = list(dict.fromkeys(sub.clustering))
+        width = 0.8 / len(clusterings)
+        for j, clustering in enumerate(clusterings):
+            cell = sub[sub.clustering == clustering].set_index("algorithm").reindex(algorithms)
+            x = np.arange(len(algorithms)) + (j - (len(clusterings) - 1) / 2) * width
+            ax.bar(x, cell.accuracy, width, yerr=np.nan_to_num(cell.accuracy_ci95.to_numpy(dtype=float)),
+                   capsize=2, label=clustering)
+            for xi, v in zip(x, cell.accuracy):
+                ax.text(xi, 0.02, f"{v:.2f}", ha="center", va="bottom", fontsize=6, rotation=90, color="white")
+        ax.set_xticks(range(len(algorithms)), algorithms)
+        ax.set_ylim(0, 1.0)
+        ax.set_title(fed)
+    axes[0][0].set_ylabel("pooled held-out accuracy (mean ± 95% CI)")
+    axes[0][-1].legend(title="trained within", fontsize=7, title_fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def coreset_figure(summary: pd.DataFrame) -> plt.Figure:
+    """FedWaD fig. 5 / 12 as bars: pooled held-out accuracy (mean ± 95% CI over seeds) of the 1-NN
+    classifier over all clients' coresets (federated and exact, per coreset size) next to global FedAvg /
+    FedPer / FedRep on the same splits; one panel per federation. ``summary``: federation, method,
+    accuracy, accuracy_ci95."""
+    feds = list(dict.fromkeys(summary.federation))
+    fig, axes = plt.subplots(1, len(feds), figsize=(4.8 * len(feds), 3.8), squeeze=False, sharey=True)
+    for ax, fed in zip(axes[0], feds):
+        sub = summary[summary.federation == fed]
+        colors = ["tab:blue" if "fedwad" in m else "tab:gray" if "exact" in m else "tab:orange" for m in sub.method]
+        ax.bar(range(len(sub)), sub.accuracy, yerr=np.nan_to_num(sub.accuracy_ci95.to_numpy(dtype=float)),
+               capsize=2, color=colors)
+        for k, v in enumerate(sub.accuracy):
+            ax.text(k, 0.02, f"{v:.2f}", ha="center", va="bottom", fontsize=6, rotation=90, color="white")
+        ax.set_xticks(range(len(sub)), sub.method, rotation=45, ha="right", fontsize=7)
+        ax.set_ylim(0, 1.0)
+        ax.set_title(fed)
+    axes[0][0].set_ylabel("pooled held-out accuracy (mean ± 95% CI)")
+    fig.tight_layout()
+    return fig

@@ -111,21 +111,40 @@ def removal_curves_figure(curves: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def removal_figure(table: pd.DataFrame) -> plt.Figure:
-    """FedBary table 4 as bars: FedAvg test accuracy before / after removal (and oracle, random removal)."""
-    cols = [("accuracy_before", "before"), ("accuracy_after", "after FedBary removal"),
+def removal_figure(summary: pd.DataFrame, budgets: pd.DataFrame | None = None) -> plt.Figure:
+    """FedBary table 4: FedAvg test accuracy before removal, after the g > 0 rule, after the
+    validation-chosen budget, after oracle and random removal — means over seeds with 95% CI bars; and,
+    when ``budgets`` is given, validation and test accuracy against the share of data removed (means over
+    seeds), one line pair per federation."""
+    cols = [("accuracy_before", "before"), ("accuracy_flagged", "FedBary g > 0 removed"),
+            ("accuracy_budget", "FedBary budget (validation-chosen)"),
             ("accuracy_oracle_removal", "noisy removed (oracle)"), ("accuracy_random_removal", "random removal")]
-    fig, ax = plt.subplots(figsize=(2.2 + 2.2 * len(table), 3.4))
+    panels = 1 if budgets is None else 2
+    fig, axes = plt.subplots(1, panels, figsize=(3.0 + 2.4 * len(summary) + 4.0 * (panels - 1), 3.6), squeeze=False)
+    ax = axes[0][0]
     width = 0.8 / len(cols)
     for j, (col, label) in enumerate(cols):
-        x = np.arange(len(table)) + (j - (len(cols) - 1) / 2) * width
-        ax.bar(x, table[col], width, label=label)
-        for xi, v in zip(x, table[col]):  # bars start at 0 (accuracy ∈ [0, 1]); the values tell the gaps
-            ax.text(xi, v, f"{v:.3f}", ha="center", va="bottom", fontsize=6, rotation=90)
-    ax.set_xticks(range(len(table)), table.federation)
-    ax.set_ylabel("FedAvg test accuracy")
+        x = np.arange(len(summary)) + (j - (len(cols) - 1) / 2) * width
+        err = summary.get(f"{col}_ci95")
+        ax.bar(x, summary[col], width, label=label,
+               yerr=None if err is None else np.nan_to_num(err.to_numpy(dtype=float)), capsize=2)
+        for xi, v in zip(x, summary[col]):  # the values tell the gaps
+            ax.text(xi, 0.02, f"{v:.3f}", ha="center", va="bottom", fontsize=6, rotation=90, color="white")
+    ax.set_xticks(range(len(summary)), summary.federation, fontsize=7)
+    ax.set_ylabel("FedAvg test accuracy (mean ± 95% CI)")
     ax.set_ylim(0, 1.0)
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7, frameon=False)
+    if budgets is not None:
+        bx = axes[0][1]
+        for k, (name, sub) in enumerate(budgets.groupby("federation", sort=False)):
+            mean = sub.groupby("budget").agg(validation=("validation_accuracy", "mean"),
+                                             test=("test_accuracy", "mean"))
+            color = f"C{k}"
+            bx.plot(100 * mean.index, mean.validation, "o-", color=color, ms=3, label=f"{name} validation")
+            bx.plot(100 * mean.index, mean.test, "s--", color=color, ms=3, label=f"{name} test")
+        bx.set_xlabel("share of each client's data removed, largest g first (%)")
+        bx.set_ylabel("FedAvg accuracy (mean over seeds)")
+        bx.legend(fontsize=6)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 

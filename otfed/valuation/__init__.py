@@ -5,8 +5,8 @@
 - :mod:`.baselines` — ``ValuationData`` and ``fit(data) → values`` valuers: ``ExactShapley``,
   ``LeaveOneOut``, ``PermutationShapley``, ``KNNShapley``, ``Lava``; ``knn_leave_one_out``; utilities
   ``knn_utility``, ``classifier_accuracy``
-- :mod:`.client_games` — the FedAvg-utility client game (``fedavg_utility``), ``percent_of_total``
-- :mod:`.detection` — ``detection_scores`` (precision/recall/F1), ``point_removal_curve``
+- :mod:`.client_games` — the FedAvg-utility client game (``fedavg_utility``), ``MemoizedUtility``, ``percent_of_total``
+- :mod:`.detection` — ``detection_scores`` (precision/recall/F1), ``detection_auc``, ``point_removal_curve``
 - :mod:`.duplication` — duplicated data as measures (``repeated_dataset``, ``repeated_datum``,
   ``mass_moved_by_duplication``) and ``exact_wasserstein`` (POT), for FedBary table 3
 """
@@ -14,15 +14,16 @@ from otfed.valuation.baselines import (DataValuation, ExactShapley, KNNShapley, 
                                        PermutationShapley, Utility, ValuationData, classifier_accuracy,
                                        knn_leave_one_out, knn_utility)
 from otfed.valuation.calibrated import calibrated_gradient, datum_values, dual_potential, flag_noisy, rank_by_value
-from otfed.valuation.client_games import fedavg_utility, percent_of_total
-from otfed.valuation.detection import DetectionScores, RemovalCurve, detection_scores, point_removal_curve
+from otfed.valuation.client_games import MemoizedUtility, fedavg_utility, percent_of_total
+from otfed.valuation.detection import (DetectionScores, RemovalCurve, detection_auc, detection_scores,
+                                      point_removal_curve)
 from otfed.valuation.duplication import (exact_wasserstein, mass_moved_by_duplication, repeated_dataset,
                                          repeated_datum)
 
 __all__ = [
-    "DataValuation", "DetectionScores", "ExactShapley", "KNNShapley", "Lava", "LeaveOneOut", "PermutationShapley",
+    "DataValuation", "DetectionScores", "MemoizedUtility", "ExactShapley", "KNNShapley", "Lava", "LeaveOneOut", "PermutationShapley",
     "RemovalCurve", "Utility", "ValuationData", "calibrated_gradient", "classifier_accuracy", "datum_values",
-    "detection_scores", "dual_potential", "exact_wasserstein", "fedavg_utility", "flag_noisy", "knn_leave_one_out",
+    "detection_auc", "detection_scores", "dual_potential", "exact_wasserstein", "fedavg_utility", "flag_noisy", "knn_leave_one_out",
     "knn_utility", "mass_moved_by_duplication", "percent_of_total", "point_removal_curve", "rank_by_value",
     "repeated_dataset", "repeated_datum",
 ]

@@ -4,10 +4,14 @@ the validation accuracy of FedAvg trained on its members, and values are reporte
 * :func:`fedavg_utility` — u(S) for :class:`~otfed.valuation.baselines.ExactShapley`,
   :class:`~otfed.valuation.baselines.LeaveOneOut`, :class:`~otfed.valuation.baselines.PermutationShapley`
   (players = rows 0..N−1 of the ValuationData).
+* :class:`MemoizedUtility` — u(S) computed once per coalition and shared by the games (with 5 clients
+  exact Shapley, leave-one-out and permutation Shapley query the same 32 coalitions), with each method's
+  cost as the training time of the coalitions it queried.
 * :func:`percent_of_total` — 100 · v_i / Σ_j v_j, the paper's normalisation (fig. 4).
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -33,6 +37,43 @@ def fedavg_utility(clients: Sequence[LabelledData], validation: LabelledData, co
                                num_threads=threads_for(device))
 
     return utility
+
+
+class MemoizedUtility:
+    """A deterministic utility u(S) evaluated once per coalition S (key: its sorted members).
+
+    Exact Shapley, leave-one-out and permutation Shapley over the same game query overlapping coalitions;
+    with a deterministic u (FedAvg with a fixed seed) a cached value is the value a fresh call would
+    return, so sharing the cache changes no number. :meth:`seconds_of` gives the time the coalitions a set
+    of queries touched took to evaluate the first time — what a method would have cost on its own."""
+
+    def __init__(self, utility: Utility) -> None:
+        self._utility = utility
+        self._values: dict[tuple[int, ...], float] = {}
+        self._seconds: dict[tuple[int, ...], float] = {}
+        self.queried: set[tuple[int, ...]] = set()
+
+    def __call__(self, data: ValuationData, coalition: np.ndarray) -> float:
+        key = tuple(sorted(int(i) for i in np.asarray(coalition).ravel()))
+        if key not in self._values:
+            start = time.perf_counter()
+            self._values[key] = float(self._utility(data, np.asarray(key, dtype=np.intp)))
+            self._seconds[key] = time.perf_counter() - start
+        self.queried.add(key)
+        return self._values[key]
+
+    @property
+    def evaluations(self) -> int:
+        """Distinct coalitions evaluated so far (each one FedAvg training)."""
+        return len(self._values)
+
+    def start_method(self) -> None:
+        """Forget which coalitions were queried (the cache stays): call before each method."""
+        self.queried = set()
+
+    def method_seconds(self) -> float:
+        """Σ first-evaluation time of the coalitions queried since :meth:`start_method`."""
+        return float(sum(self._seconds[k] for k in self.queried))
 
 
 def percent_of_total(values: np.ndarray) -> np.ndarray:

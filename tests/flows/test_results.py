@@ -84,8 +84,12 @@ def fake_reports(tmp_path: Path) -> Path:
                                                                                           index=False)
     rm = root / "removal"
     rm.mkdir()
-    pd.DataFrame({"federation": ["fmnist_label_noise"], "noisy": [200], "removed": [790], "removed_noisy": [171],
-                  "accuracy_before": [0.726], "accuracy_after": [0.712]}).to_csv(rm / "removal.csv", index=False)
+    summary = {"federation": ["fmnist_label_noise"], "seeds": [3], "noisy": [200]}
+    for col, value in (("removed_flagged", 790), ("removed_budget", 100), ("auc", 0.81), ("accuracy_before", 0.726),
+                       ("accuracy_flagged", 0.712), ("accuracy_budget", 0.72), ("accuracy_oracle_removal", 0.728),
+                       ("gain_budget", -0.006), ("gain_oracle_removal", 0.002)):
+        summary[col], summary[f"{col}_ci95"] = [value], [0.01]
+    pd.DataFrame(summary).to_csv(rm / "removal_summary.csv", index=False)
     va = root / "valuation"
     va.mkdir()
     pd.DataFrame({"unexpected": [1]}).to_csv(va / "detection.csv", index=False)

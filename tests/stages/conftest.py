@@ -34,6 +34,11 @@ def tiny_params(root: Path) -> dict:
             "otdd": {"federation": "bench", "fedwad": {"support_size": 10, "iterations": 3}},
             "clustering": {"federations": ["pairs"], "n_clusters": 5, "neighbors": [3],
                            "fedwad": {"support_size": 5, "iterations": 3}},
+            "clustered_fl": {"clusterings": ["global", "affinity", "planted"], "algorithms": ["fedavg", "fedper", "fedrep"],
+                             "seeds": 2, "fl": {"rounds": 2, "batch_size": 16, "hidden": [8]}},
+            "coresets": {"federations": ["pairs"], "points": [3], "pca_components": 8, "seeds": 2,
+                         "coreset": {"epochs": 4, "clients_per_epoch": 3,
+                                     "fedwad": {"support_size": 6, "iterations": 2}}},
         },
     }
 
@@ -66,6 +71,7 @@ def feature_params(root: Path) -> dict:
     params["barycenter_valuation"] = {
         "pca_components": 8, "fedbary": FEDBARY,
         "contributions": {"federations": ["c1", "c5"], "validation_samples": 60, "monte_carlo_permutations": 3,
+                          "seeds": 2,
                           "fedavg": FEDAVG,
                           "outlier": {"federation": "c1", "client": 4, "fraction": 1.0, "noise_std": 5.0}},
         "detection": {"federation": "fclean", "kinds": ["label", "feature"], "rates": [0.3], "validation_samples": 100,
@@ -75,8 +81,9 @@ def feature_params(root: Path) -> dict:
                         "validation_samples": 60, "seed_repeats": 2},
     }
     params["noisy_removal"] = {
-        "federations": ["fnoisy"], "pca_components": 8,
+        "federations": ["fnoisy"], "random_projection": 16,
         "validation_samples": 100, "max_remove_fraction": 0.4, "fedbary": FEDBARY, "fedavg": {"rounds": 5},
+        "budgets": [0.0, 0.1, 0.2], "seeds": 2,
     }
     return params
 

@@ -9,6 +9,7 @@ from typing import Any
 import mlflow
 import numpy as np
 import pandas as pd
+import pytest
 
 from stages import layout
 from stages.fed_distance import STAGE
@@ -59,3 +60,65 @@ def test_fed_distance_writes_reports_and_logs_them(feature_run: dict[str, Any], 
     assert np.allclose(full.federated, otdd.federated, rtol=1e-9, atol=0)  # the same table, all its digits
     assert metrics["toy"]["seconds_exact_ot_total"] > 0  # MLflow metrics keep the total times
     assert "seconds" not in (out / "metrics.json").read_text()
+
+
+def test_clustered_fl_trains_within_the_clusters_the_distances_give(feature_run: dict[str, Any]) -> None:
+    """FL within clusters (tables 1–5): the clusters used are the ones the stage's own distance matrix gave,
+    a cell recomputed with the library gives the same per-client counts, pooled accuracy = Σ correct / Σ
+    total, and the uplift is paired by seed (global FedAvg's own uplift is not reported)."""
+    from otfed.fl import PersonalizedConfig, per_cluster_accuracy
+    from stages.fed_distance import roster
+
+    root = feature_run["root"]
+    out = root / layout.FED_DISTANCE_REPORTS
+    rows = pd.read_csv(out / "clustered_fl_clients.csv")
+    summary = pd.read_csv(out / "clustered_fl.csv")
+    matrix = pd.read_csv(out / "clustering_pairs_distances.csv")
+    assert set(rows.clustering) == {"global", "affinity", "planted"} and set(rows.seed) == {0, 1}
+    aff = rows[(rows.clustering == "affinity") & (rows.algorithm == "fedavg") & (rows.seed == 0)]
+    assert list(aff.cluster) == list(matrix.cluster_affinity)
+    planted = rows[(rows.clustering == "planted") & (rows.seed == 0) & (rows.algorithm == "fedper")]
+    assert list(planted.cluster) == list(matrix.group)
+    assert (rows[rows.clustering == "global"].cluster == 0).all()
+    # one cell again, straight from the library, on the same data
+    import os
+    cwd = os.getcwd()
+    try:
+        os.chdir(root)
+        r = roster("pairs", True)
+    finally:
+        os.chdir(cwd)
+    params = feature_run["params"]["fed_distance"]["clustered_fl"]["fl"]
+    data = [((c.x, c.y), held) for c, held in zip(r.clients, r.held_out)]
+    n_classes = int(max(c.y.max() for c in r.clients)) + 1
+    again = per_cluster_accuracy(data, np.asarray(matrix.group), "fedrep", PersonalizedConfig(**params), n_classes,
+                                 seed=1)
+    cell = rows[(rows.clustering == "planted") & (rows.algorithm == "fedrep") & (rows.seed == 1)]
+    assert list(cell.correct) == list(again.correct) and list(cell.total) == list(again.total)
+    for r_ in summary.itertuples():
+        sub = rows[(rows.clustering == r_.clustering) & (rows.algorithm == r_.algorithm)]
+        pooled = sub.groupby("seed").correct.sum() / sub.groupby("seed").total.sum()
+        assert r_.accuracy == pytest.approx(pooled.mean(), abs=1e-4)
+    base = summary[(summary.clustering == "global") & (summary.algorithm == "fedavg")].iloc[0]
+    assert base.uplift_vs_global_fedavg == pytest.approx(0.0, abs=1e-12)
+    assert feature_run["metrics"]["fed_distance"]["clustered_fl"]["pairs"]["global_fedavg"] == pytest.approx(
+        base.accuracy, abs=1e-4)
+
+
+def test_coresets_classify_with_every_clients_labelled_coreset(feature_run: dict[str, Any]) -> None:
+    """Coresets + 1-NN (fig. 5 / 12): one row per client, method and seed; held-out counts are the clients'
+    validation rows; the summary puts the coreset classifier next to global FedAvg / FedPer / FedRep."""
+    from otfed.data.store import VAL, load_federation
+
+    root = feature_run["root"]
+    out = root / layout.FED_DISTANCE_REPORTS
+    rows = pd.read_csv(out / "coresets_clients.csv")
+    fed = load_federation("pairs", root / layout.PARTITIONS)
+    sizes = {fed.client_names[k]: len(fed.rows(k, VAL)) for k in range(fed.n_clients)}
+    assert set(rows.method) == {"fedwad_coreset", "exact_coreset"} and set(rows.seed) == {0, 1}
+    assert all(sizes[c] == t for c, t in zip(rows.client, rows.total))
+    assert rows.accuracy.between(0, 1).all() and (rows.w2 > 0).all()
+    summary = pd.read_csv(out / "coresets.csv")
+    assert {"fedwad_coreset K=3", "exact_coreset K=3", "global fedavg", "global fedper",
+            "global fedrep"} == set(summary.method)
+    assert (summary.accuracy.between(0, 1)).all()

@@ -14,6 +14,7 @@ import mlflow
 import numpy as np
 import ot
 import pandas as pd
+from scipy import stats
 import pytest
 
 from flows.stage import run_stage
@@ -63,7 +64,7 @@ def test_barycenter_valuation_stage(feature_run: dict[str, Any], tmp_path: Path)
     contrib = pd.read_csv(out / "contributions.csv")
     assert set(contrib.method) == set(CONTRIBUTION_METHODS) and set(contrib.federation) == {"c1", "c5"}
     shares = contrib[contrib.method != "leave_one_out"]  # LOO values can sum to ≈ 0: shares undefined (NaN)
-    assert np.allclose(shares.groupby(["federation", "method"]).percent.sum(), 100.0)
+    assert np.allclose(shares.groupby(["federation", "seed", "method"]).percent.sum(), 100.0)
     case1 = contrib[(contrib.federation == "c1") & contrib.method.str.startswith("fedbary")]
     assert case1.percent.between(15, 25).all()  # same distribution, same size → ≈ 20 % each
     # exact Shapley is efficient: Σ φ_i = u(all) − u(∅), recomputed here with the same FedAvg utility
@@ -73,16 +74,33 @@ def test_barycenter_valuation_stage(feature_run: dict[str, Any], tmp_path: Path)
     full = fedavg_accuracy([(c.x, c.y) for c in clients], (validation.x, validation.y), 10,
                            FedAvgConfig(**FEDAVG, hidden=[]), 0)
     empty = fedavg_accuracy([], (validation.x, validation.y), 10, FedAvgConfig(**FEDAVG, hidden=[]), 0)
-    phi = contrib[(contrib.federation == "c5") & (contrib.method == "exact_shapley")].value
+    phi = contrib[(contrib.federation == "c5") & (contrib.method == "exact_shapley") & (contrib.seed == 0)].value
     assert phi.sum() == pytest.approx(full - empty, abs=1e-9)
     agreement = pd.read_csv(out / "method_agreement.csv")
     exact_rows = agreement[(agreement.method == "exact_shapley") & (agreement.federation == "c5")]
     assert exact_rows.spearman_vs_exact_shapley.iloc[0] == pytest.approx(1.0)
+    # ρ with the planted noise (case 5: 0/5/10/15/20 % noisy), recomputed with SciPy from the table, per seed;
+    # the reported mean ± CI is Student t over the seeds (SciPy's t.interval)
+    per_seed = pd.read_csv(out / "method_agreement_seeds.csv")
+    assert set(contrib.seed) == set(per_seed.seed) == {0, 1}
+    for seed in (0, 1):
+        sub = contrib[(contrib.federation == "c5") & (contrib.method == "fedbary_validation") & (contrib.seed == seed)]
+        rho = stats.spearmanr(sub.percent, -sub.planted_noise).statistic
+        mine = per_seed[(per_seed.federation == "c5") & (per_seed.method == "fedbary_validation")
+                        & (per_seed.seed == seed)].spearman_vs_planted.iloc[0]
+        assert mine == pytest.approx(rho, abs=1e-9)
+    rhos = per_seed[(per_seed.federation == "c5") & (per_seed.method == "fedbary_validation")].spearman_vs_planted
+    row = agreement[(agreement.federation == "c5") & (agreement.method == "fedbary_validation")].iloc[0]
+    low, high = stats.t.interval(0.95, len(rhos) - 1, loc=rhos.mean(), scale=stats.sem(rhos))
+    assert row.spearman_vs_planted == pytest.approx(rhos.mean(), abs=1e-4)
+    if np.isfinite(high):
+        assert row.spearman_vs_planted_ci95 == pytest.approx((high - low) / 2, rel=1e-3, abs=1e-6)
+    assert agreement[agreement.federation == "c1"].spearman_vs_planted.isna().all()  # case 1: nothing planted
     # wall times: not in the committed tables, in the MLflow run's full tables
     assert "seconds" not in contrib and "seconds" not in agreement
     full = _timings(mlflow_uri, "barycenter_valuation", "contributions.csv", tmp_path)
     assert list(full.columns) == list(contrib.columns) + ["seconds"] and (full.seconds >= 0).all()
-    assert full.groupby(["federation", "method"]).seconds.nunique().eq(1).all()  # one time per method run
+    assert full.groupby(["federation", "seed", "method"]).seconds.nunique().eq(1).all()  # one time per method run
 
     outlier = pd.read_csv(out / "outlier_distances.csv")
     bary = outlier[outlier.target == "barycenter"]
@@ -97,11 +115,13 @@ def test_barycenter_valuation_stage(feature_run: dict[str, Any], tmp_path: Path)
     assert (random_.flagged == random_.noisy).all()
     feature = detection[(detection.kind == "feature") & (detection.method == "fedbary")].iloc[0]
     assert feature.recall >= 0.8  # N(0, 3²) pixel noise: far from the clean images
+    assert feature.auc >= 0.9 and detection.auc.between(0, 1).all()
+    assert detection[detection.method == "random"].auc.between(0.25, 0.75).all()
     curves = pd.read_csv(out / "removal_curves.csv")
     first = curves[curves.fraction == 0].groupby(["kind", "rate"]).accuracy.nunique()
     assert (first == 1).all()  # nothing removed yet: every method refits the same model
     written = json.loads((out / "metrics.json").read_text())
-    assert written["detection"]["feature_30pct"]["fedbary"]["f1"] == pytest.approx(feature.f1, abs=1e-4)
+    assert written["detection"]["feature_30pct"]["fedbary"]["auc"] == pytest.approx(feature.auc, abs=1e-4)
 
     dup = pd.read_csv(out / "duplication.csv")
     same = dup[(dup.experiment == "dataset") & (dup.stats == "original")]
@@ -143,23 +163,41 @@ def test_noisy_removal_stage(feature_run: dict[str, Any], tmp_path: Path) -> Non
     metrics = feature_run["metrics"]["noisy_removal"]
     mlflow_uri, root = feature_run["uri"], feature_run["root"]
     out = root / layout.REMOVAL_REPORTS
-    assert {"removal.csv", "removal.md", "removal_clients.csv", "removal.png", "metrics.json"} <= {
-        p.name for p in out.iterdir()}
+    assert {"removal.csv", "removal.md", "removal_clients.csv", "removal_budgets.csv", "removal_summary.csv",
+            "removal.png", "metrics.json"} <= {p.name for p in out.iterdir()}
     assert {"removal.csv", "removal.png"} <= _logged(mlflow_uri, "noisy_removal")
-    table = pd.read_csv(out / "removal.csv").iloc[0]
+    table = pd.read_csv(out / "removal.csv")
     clients = pd.read_csv(out / "removal_clients.csv")
+    budgets = pd.read_csv(out / "removal_budgets.csv")
     truth = load_federation("fnoisy", root / layout.PARTITIONS)
-    assert table.noisy == int(truth.corrupted.sum()) == clients.noisy.sum()
-    assert (clients.removed <= clients.flagged).all()
-    assert (clients.removed <= np.floor(0.4 * clients.n)).all()  # max_remove_fraction
-    assert (clients.removed_noisy <= np.minimum(clients.removed, clients.noisy)).all()
-    assert (clients.noisy_in_top_noisy <= clients.noisy).all()
-    assert table.removed == clients.removed.sum() and table.removed_noisy == clients.removed_noisy.sum()
+    assert list(table.seed) == [0, 1]
+    for seed, row in table.set_index("seed").iterrows():
+        mine = clients[clients.seed == seed]
+        assert row.noisy == int(truth.corrupted.sum()) == mine.noisy.sum()
+        assert (mine.removed_flagged <= mine.flagged).all()
+        assert (mine.removed_flagged <= np.floor(0.4 * mine.n)).all()  # max_remove_fraction caps the g > 0 rule
+        assert (mine.removed_flagged_noisy <= np.minimum(mine.removed_flagged, mine.noisy)).all()
+        assert row.removed_flagged == mine.removed_flagged.sum()
+        # the budget rule: every client drops ⌊b·n⌋, b the budget with the best *validation* accuracy
+        cand = budgets[budgets.seed == seed]
+        best = cand.sort_values(["validation_accuracy", "budget"], ascending=[False, True]).iloc[0]
+        assert row.budget == best.budget and row.accuracy_budget == best.test_accuracy
+        assert (mine.removed_budget == np.floor(row.budget * mine.n).astype(int)).all()
+        assert row.removed_budget == mine.removed_budget.sum() == best.removed
+        # FedAvg is trained once per kept set: nothing removed (budget 0) is the "before" model
+        assert cand[cand.budget == 0.0].test_accuracy.iloc[0] == row.accuracy_before
+        assert 0.0 <= row.auc <= 1.0
+    # mean ± 95% CI over the seeds, and paired gains, recomputed with SciPy
+    summary = pd.read_csv(out / "removal_summary.csv").iloc[0]
+    gains = table.accuracy_budget - table.accuracy_before
+    low, high = stats.t.interval(0.95, 1, loc=gains.mean(), scale=stats.sem(gains))
+    assert summary.gain_budget == pytest.approx(gains.mean(), abs=1e-4)
+    if np.isfinite(high) and high > low:
+        assert summary.gain_budget_ci95 == pytest.approx((high - low) / 2, rel=1e-3)
     assert "fedbary_seconds" not in table  # a wall time: MLflow only
     full = _timings(mlflow_uri, "noisy_removal", "removal.csv", tmp_path)
-    assert list(full.columns) == list(table.index) + ["fedbary_seconds"] and (full.fedbary_seconds > 0).all()
-    assert 0.0 <= table.accuracy_before <= 1.0 and 0.0 <= table.accuracy_after <= 1.0
-    assert metrics["fnoisy"]["removed"] == table.removed
+    assert list(full.columns) == list(table.columns) + ["fedbary_seconds"] and (full.fedbary_seconds > 0).all()
+    assert metrics["fnoisy"]["accuracy_before"] == pytest.approx(table.accuracy_before.mean(), abs=1e-4)
 
 
 def test_valuation_groups_are_checked(tmp_path: Path) -> None:
