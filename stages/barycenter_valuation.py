@@ -1,8 +1,9 @@
 """Stage ``barycenter_valuation`` — FedBary §5 (SPEC §3): client contributions, outliers, datum values.
 
-* **contributions** (fig. 4), one job per federation (cases 1–5): client contributions (%) by FedBary with
-  and without a server validation set, next to the FedAvg-utility games — exact Shapley (all 2^N
-  coalitions), leave-one-out, Monte-Carlo permutation Shapley — with wall times and rank agreement;
+* **contributions** (fig. 4), one job per (federation, seed) (cases 1–5): client contributions (%) by
+  FedBary with and without a server validation set, next to the FedAvg-utility games — exact Shapley (all
+  2^N coalitions), leave-one-out, Monte-Carlo permutation Shapley — with wall times, and their rank
+  agreement with exact Shapley and with the planted noise as mean ± 95% CI over the seeds;
 * **outlier** (fig. 4 histogram), one job: every client's distance to the federated barycenter when one
   client of 4 + 1 carries feature noise;
 * **detection** (fig. 5), one job per (noise kind, rate): datum values (calibrated gradients, eq. 10) from
