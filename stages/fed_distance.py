@@ -70,6 +70,8 @@ class ToyParams(Strict):
     exact_interp_max_n: int = Field(1000, ge=0, description="Skip exact-interpolation FedWaD above this n.")
     repeats: int = Field(1, ge=1)
     convergence_n: int = Field(500, ge=10, description="n for the A(k) convergence figure (fig. 3).")
+    sweep_supports: list[PositiveInt] = Field([], description="More supports S < convergence_n for the convergence "
+                                              "runs (approx, random t): the S at which the error drops below 5%.")
 
 
 class OTDDParams(Strict):
@@ -183,11 +185,13 @@ def toy_cases(toy: ToyParams, seed: int) -> list[dict[str, Any]]:
 
 def convergence_runs(toy: ToyParams, seed: int) -> list[dict[str, Any]]:
     """The arguments of every :func:`toy_convergence`: per d, S = 10 and S = n (approx, random t), S = n
-    with t = 0.5, and S = n with exact interpolation."""
+    with t = 0.5, S = n with exact interpolation, and every S of ``sweep_supports`` below n (approx, random
+    t)."""
     n = toy.convergence_n
+    sweep = [(s, "approx", None) for s in sorted(set(toy.sweep_supports)) if s < n and s != 10]
     return [dict(dim=d, n=n, support=s, iterations=toy.iterations, interpolation=i, t=t, seed=seed)
             for d in toy.dims for (s, i, t) in [(10, "approx", None), (n, "approx", None), (n, "approx", 0.5),
-                                                (n, "exact", None)]]
+                                                (n, "exact", None), *sweep]]
 
 
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
@@ -311,9 +315,10 @@ def toy_convergence(dim: int, n: int, support: int, iterations: int, interpolati
                           solver="network_simplex", record_history=True)
     result = federated_wasserstein(x_mu, x_nu, config, seed=seed)
     label = f"{interpolation}, S={support}, t={'random' if t is None else t}"
+    final = abs(result.estimate - exact) / exact  # the estimate d(μ,ξ^K) + d(ξ^K,ν), not the bound A^K
     return [dict(dim=dim, n=n, support=support, interpolation=interpolation,
                  t="random" if t is None else t, setting=label, iteration=k + 1, A=a, exact=exact,
-                 rel_gap=(a - exact) / exact)
+                 rel_gap=(a - exact) / exact, estimate_rel_error=final)
             for k, a in enumerate(result.history)]
 
 
@@ -488,7 +493,20 @@ def toy_metrics(rows: pd.DataFrame, conv: pd.DataFrame, out: Report) -> dict[str
     last = conv.sort_values("iteration").groupby(["dim", "setting"]).tail(1)
     for r in last.itertuples():
         summary[f"convergence_gap_d{r.dim}_{r.interpolation}_S{r.support}_t{r.t}"] = float(r.rel_gap)
+    summary |= support_needed(last)
     return summary
+
+
+def support_needed(last: pd.DataFrame, tolerance: float = 0.05) -> dict[str, float]:
+    """Per d: the smallest support S whose approximate FedWaD (random t) estimate is within ``tolerance``
+    of the exact W after the last iteration (NaN when none is) — the S the toy study needs in that d."""
+    out = {}
+    runs = last[(last.interpolation == "approx") & (last.t == "random")]
+    for dim, sub in runs.groupby("dim"):
+        good = sub[sub.estimate_rel_error < tolerance]
+        out[f"support_needed_d{dim}_below_{round(100 * tolerance)}pct"] = (
+            float(good.support.min()) if len(good) else float("nan"))
+    return out
 
 
 def otdd_metrics(cfg: OTDDParams, otdd: Roster, results: list[dict[str, Any]], out: Report) -> dict[str, Any]:
@@ -619,6 +637,7 @@ def coreset_metrics(rows: list[dict[str, Any]], fl_rows: list[dict[str, Any]], o
 
 STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check,
               headline=("toy.fedwad_approx_S100_*_rel_error",  # fig. 2: error at the largest S, n = max_n
+                        "toy.support_needed_*",  # the S at which the error falls below 5% (n = convergence_n)
                         "toy.convergence_gap_d50_approx_S300_*",  # fig. 3: fixed t = 0.5 stalls, random t not
                         "otdd.mean_rel_error", "otdd.order_preserved",  # fig. 6
                         "clustering.*.affinity",  # tables 1-5: ARI per structure

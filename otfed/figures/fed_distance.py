@@ -54,9 +54,23 @@ def _toy_panels(rows: pd.DataFrame, column: str, ylabel: str, what: str, floor: 
 
 
 def convergence_figure(rows: pd.DataFrame) -> plt.Figure:
-    """FedWaD fig. 3: A^k / W − 1 per iteration, one panel per dimension."""
+    """FedWaD fig. 3: A^k / W − 1 per iteration, one panel per dimension; a last panel (when the rows have
+    ``estimate_rel_error``) with the final estimate's relative error vs the support S (approximate
+    interpolation, random t), one line per dimension, and the 5% line."""
     dims = sorted(rows.dim.unique())
-    fig, axes = plt.subplots(1, len(dims), figsize=(5.5 * len(dims), 3.8), squeeze=False)
+    sweep = "estimate_rel_error" in rows
+    fig, axes = plt.subplots(1, len(dims) + sweep, figsize=(5.5 * (len(dims) + sweep), 4.2), squeeze=False)
+    if sweep:
+        ax = axes[0][-1]
+        last = rows.sort_values("iteration").groupby(["dim", "setting"]).tail(1)
+        last = last[(last.interpolation == "approx") & (last.t.astype(str) == "random")]
+        for dim, line in last.groupby("dim"):
+            line = line.sort_values("support")
+            ax.plot(line.support, line.estimate_rel_error.clip(lower=1e-10), "o-", label=f"d = {dim}")
+        ax.axhline(0.05, color="k", ls=":", lw=0.8)
+        ax.set(yscale="log", xlabel="support S (n = samples per client)", ylabel="|estimate − W| / W",
+               title=f"final error vs S, n = {int(rows.n.iloc[0])}")
+        ax.legend(fontsize=8)
     for ax, dim in zip(axes[0], dims):
         for setting, line in rows[rows.dim == dim].groupby("setting"):
             exact = str(setting).startswith("exact")  # coincides with approx at S = n (theorem 1): dashed on top
@@ -64,8 +78,8 @@ def convergence_figure(rows: pd.DataFrame) -> plt.Figure:
                     ls="--" if exact else "-", label=setting)
         ax.set(yscale="log", xlabel="iteration k", ylabel="A(k) / W − 1", title=f"convergence, d={dim}")
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07 * ((len(labels) + 4) // 5), 1, 1))
     return fig
 
 

@@ -30,7 +30,7 @@ def tiny_params(root: Path) -> dict:
         },
         "fed_distance": {
             "toy": {"n_values": [20, 40], "supports": [2, 5], "ratios": [1, 3], "dims": [2], "iterations": 3,
-                    "exact_interp_max_n": 40, "repeats": 1, "convergence_n": 20},
+                    "exact_interp_max_n": 40, "repeats": 1, "convergence_n": 20, "sweep_supports": [5]},
             "otdd": {"federation": "bench", "fedwad": {"support_size": 10, "iterations": 3}},
             "clustering": {"federations": ["pairs"], "n_clusters": 5, "neighbors": [3],
                            "fedwad": {"support_size": 5, "iterations": 3}},

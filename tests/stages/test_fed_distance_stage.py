@@ -122,3 +122,24 @@ def test_coresets_classify_with_every_clients_labelled_coreset(feature_run: dict
     assert {"fedwad_coreset K=3", "exact_coreset K=3", "global fedavg", "global fedper",
             "global fedrep"} == set(summary.method)
     assert (summary.accuracy.between(0, 1)).all()
+
+
+def test_support_needed_is_the_smallest_support_under_five_percent() -> None:
+    from stages.fed_distance import support_needed
+
+    last = pd.DataFrame([dict(dim=d, support=s, interpolation=i, t=t, estimate_rel_error=e) for d, s, i, t, e in [
+        (50, 10, "approx", "random", 0.59), (50, 200, "approx", "random", 0.30), (50, 295, "approx", "random", 0.032),
+        (50, 300, "approx", "random", 0.019), (50, 300, "approx", 0.5, 0.001), (50, 300, "exact", "random", 0.0),
+        (2, 10, "approx", "random", 0.04), (2, 30, "approx", "random", 0.016), (3, 10, "approx", "random", 0.2)]])
+    out = support_needed(last)
+    assert out["support_needed_d50_below_5pct"] == 295  # not 300 (larger), not the fixed-t or exact runs
+    assert out["support_needed_d2_below_5pct"] == 10
+    assert np.isnan(out["support_needed_d3_below_5pct"])
+
+
+def test_the_support_sweep_reaches_the_report(feature_run: dict[str, Any]) -> None:
+    conv = pd.read_csv(feature_run["root"] / layout.FED_DISTANCE_REPORTS / "convergence.csv")
+    assert {5, 10, 20} <= set(conv.support)  # sweep S = 5, S = 10, S = n = 20
+    final = conv.sort_values("iteration").groupby("setting").tail(1)
+    assert final.estimate_rel_error.between(0, 10).all()
+    assert "support_needed_d2_below_5pct" in feature_run["metrics"]["fed_distance"]["toy"]
