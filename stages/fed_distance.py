@@ -125,7 +125,7 @@ class FedDistanceParams(Strict):
     otdd: OTDDParams = OTDDParams()
     clustering: ClusteringParams
     clustered_fl: ClusteredFLParams | None = ClusteredFLParams()
-    coresets: CoresetParams | None = CoresetParams()
+    coresets: CoresetParams | None = Field(None, description="Off unless set: its default federations may not exist.")
 
 
 def check(p: Params) -> None:

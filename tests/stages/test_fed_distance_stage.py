@@ -143,3 +143,14 @@ def test_the_support_sweep_reaches_the_report(feature_run: dict[str, Any]) -> No
     final = conv.sort_values("iteration").groupby("setting").tail(1)
     assert final.estimate_rel_error.between(0, 10).all()
     assert "support_needed_d2_below_5pct" in feature_run["metrics"]["fed_distance"]["toy"]
+
+
+def test_coresets_are_off_unless_configured(tmp_path: Path) -> None:
+    """A fed_distance group without ``coresets`` validates and runs no coreset job (its default federations
+    need not exist in the user's partition group)."""
+    from stages.fed_distance import FedDistanceParams
+    from tests.stages.conftest import tiny_params
+
+    group = tiny_params(tmp_path)["fed_distance"]
+    group.pop("coresets")
+    assert FedDistanceParams.model_validate(group).coresets is None
