@@ -30,7 +30,7 @@ from scipy.stats import spearmanr
 
 from otfed.data.corruption import corrupted_federation, noisy_client_federation
 from otfed.data.features import fit_pca, reduce_features
-from otfed.data.parties import client_sets, project_federation, server_split
+from otfed.data.parties import FeatureProjection, client_sets, server_split
 from otfed.data.store import FederationData, load_federation
 from otfed.device import stage_device
 from otfed.federation.fedbary import FedBaryConfig, fedbary_on_measures, federated_valuation
@@ -128,23 +128,14 @@ class DuplicationParams(Strict):
                               "original data: the estimate's seed-to-seed spread.")
 
 
-class BarycenterValuationParams(Strict):
+class BarycenterValuationParams(FeatureProjection):
     """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5),
     duplication robustness (table 3)."""
 
-    pca_components: int = Field(0, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
-    random_projection: int = Field(0, ge=0, description="0 = none; else a Gaussian random projection to this many "
-                                   "dimensions (keeps distances and feature-noise energy; PCA-32 loses the noise).")
     fedbary: FedBaryConfig = FedBaryConfig()
     contributions: ContributionParams = ContributionParams()
     detection: DetectionParams = DetectionParams()
     duplication: DuplicationParams = DuplicationParams()
-
-    @model_validator(mode="after")
-    def _one_projection(self) -> "BarycenterValuationParams":
-        if self.pca_components and self.random_projection:
-            raise ValueError("set pca_components or random_projection, not both (0 turns one off)")
-        return self
 
 
 def check(p: Params) -> None:
@@ -194,7 +185,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
     out = []
     for name in c.federations:
-        fed = project_federation(load(name), bv.pca_components, seed, bv.random_projection)
+        fed = bv.project(load(name), seed)
         validation, _ = server_split(fed, c.validation_samples)
         planted = [float(fed.corrupted[fed.rows(k)].mean()) for k in range(fed.n_clients)]
         for s in range(seed, seed + c.seeds):
@@ -203,20 +194,19 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
                 permutations=c.monte_carlo_permutations, seed=s, device=device, planted_noise=planted)))
     out.append(Job(f"outlier {o.federation}", outlier_distances, dict(
         fed=load(o.federation), noisy_client=o.client, fraction=o.fraction, noise_std=o.noise_std,
-        pca_components=bv.pca_components, random_projection=bv.random_projection,
+        projection=FeatureProjection(pca_components=bv.pca_components, random_projection=bv.random_projection),
         validation_samples=c.validation_samples, config=bv.fedbary, seed=seed)))
     clean = load(d.federation)
     for kind in d.kinds:
         for rate in d.rates:
-            fed = project_federation(corrupted_federation(clean, kind, rate, d.noise_std, seed), bv.pca_components,
-                                     seed, bv.random_projection)
+            fed = bv.project(corrupted_federation(clean, kind, rate, d.noise_std, seed), seed)
             validation, holdout = server_split(fed, d.validation_samples)
             noisy = np.concatenate([fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)])
             out.append(Job(f"detection {kind} {rate}", detection_setting, dict(
                 kind=kind, rate=rate, clients=client_sets(fed), noisy=noisy, validation=validation, holdout=holdout,
                 config=bv.fedbary, knn_k=d.knn_k, removal_step=d.removal_step,
                 removal_max_fraction=d.removal_max_fraction, seed=seed, removal_embedding=d.removal_embedding)))
-    fed = project_federation(load(u.federation), bv.pca_components, seed, bv.random_projection)
+    fed = bv.project(load(u.federation), seed)
     validation, _ = server_split(fed, u.validation_samples)
     out.append(Job(f"duplication {u.federation}", duplication_robustness, dict(
         clients=client_sets(fed), validation=validation, client=u.client, copies=u.copies,
@@ -322,13 +312,13 @@ class Outlier(NamedTuple):
 
 
 def outlier_distances(fed: FederationData, noisy_client: int, fraction: float, noise_std: float,
-                      pca_components: int, validation_samples: int, config: FedBaryConfig, seed: int,
-                      random_projection: int = 0) -> Outlier:
+                      projection: FeatureProjection, validation_samples: int, config: FedBaryConfig,
+                      seed: int) -> Outlier:
     """FedBary fig. 4 histogram: client ``noisy_client`` gets feature noise on ``fraction`` of its samples
     (:func:`~otfed.data.corruption.noisy_client_federation`, in the stored pixel space, before the PCA),
     then W(P_i, Q) per client against the federated barycenter and against the server's validation set."""
     noisy = noisy_client_federation(fed, noisy_client, fraction, noise_std, seed)
-    noisy = project_federation(noisy, pca_components, seed, random_projection)
+    noisy = projection.project(noisy, seed)
     validation, _ = server_split(noisy, validation_samples)
     clients = client_sets(noisy)
     rows = []

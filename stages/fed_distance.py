@@ -12,28 +12,28 @@
   global federation, and the planted groups), each client scored on its own held-out split, over seeds.
 
 One flat job list: every toy case, every convergence run, every OTDD pair and every clustering pair (one
-FedWaD session each, with its own per-pair seed), every coreset run; then follow-up jobs (:func:`followups`), one per
-(federation, clustering, algorithm, seed) of clustered FL, built from the clusters the pairs give. Degenerate clients (no samples, NaN features, a class
-with one sample) are left out of the distances and listed in ``degenerate_clients.csv``.
+FedWaD session each, with its own per-pair seed), every coreset run; then follow-up jobs (:func:`followups`),
+one per (federation, clustering, algorithm, seed) of clustered FL, built from the clusters the pairs give.
+Degenerate clients (no samples, NaN features, a class with one sample) are left out of the distances and
+listed in ``degenerate_clients.csv``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, NamedTuple
 
 import numpy as np
 import pandas as pd
 from pydantic import Field
 
 from otfed.clustering import spectral_clusters
+from otfed.data.features import fit_pca, reduce_features
 from otfed.data.gaussians import gaussian_pair
-from otfed.data.store import VAL, load_federation
+from otfed.data.store import VAL, FederationData, load_federation
 from otfed.device import stage_device, threads_for
 from otfed.errors import DegenerateClientError, SupportGrowthError
-from otfed.data.features import fit_pca, reduce_features
 from otfed.federation.coresets import (CoresetClassifier, CoresetConfig, client_coresets, client_seed,
                                        coreset_classifier, nearest_sample_labels, wasserstein_coreset)
 from otfed.federation.fedwad import FedWaDConfig, FedWaDResult, federated_wasserstein
@@ -164,11 +164,16 @@ def roster(name: str, diagonal: bool) -> Roster:
 
     Raises DegenerateClientError when fewer than two clients are usable.
     """
-    fed = load_federation(name, layout.PARTITIONS)
+    return roster_of(load_federation(name, layout.PARTITIONS), diagonal)
+
+
+def roster_of(fed: FederationData, diagonal: bool, min_clients: int = 2) -> Roster:
+    """:func:`roster` of a loaded federation; DegenerateClientError below ``min_clients`` usable clients."""
+    name = fed.name
     clients = [LabelledData(fed.client_names[k], *fed.client_data(k)) for k in range(fed.n_clients)]
     keep, problems = usable_clients(clients, diagonal)
-    if len(keep) < 2:
-        raise DegenerateClientError(f"federation {name!r}: fewer than 2 usable clients; "
+    if len(keep) < min_clients:
+        raise DegenerateClientError(f"federation {name!r}: fewer than {min_clients} usable clients; "
                                     + "; ".join(r for _, r in problems))
     return Roster([clients[k] for k in keep], fed.client_group[keep],
                   [dict(federation=name, client=c, reason=r) for c, r in problems],
@@ -215,27 +220,33 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     return out
 
 
-def coreset_runs(p: Params) -> list[dict[str, Any]]:
-    """The arguments of every :func:`coreset_classification`: federation × points × seed, the clients'
-    training and held-out splits projected on the federation's server-fitted PCA."""
-    fd, seed = p.fed_distance, p.run.seed
-    cs = fd.coresets
+def coreset_cells(p: Params) -> list[tuple[str, int, int]]:
+    """(federation, points, seed) of every :func:`coreset_classification`, in job order."""
+    cs, seed = p.fed_distance.coresets, p.run.seed
     if cs is None:
         return []
+    return [(name, k, s) for name in cs.federations for k in cs.points for s in range(seed, seed + cs.seeds)]
+
+
+def coreset_runs(p: Params) -> list[dict[str, Any]]:
+    """The arguments of every :func:`coreset_classification` (:func:`coreset_cells`): the federation's
+    usable clients (:func:`roster_of`), training and held-out splits projected on its server-fitted PCA."""
+    fd, seed = p.fed_distance, p.run.seed
+    splits: dict[str, tuple[list[LabelledData], list[LabelledData]]] = {}
     out = []
-    for name in cs.federations:
-        fed = load_federation(name, layout.PARTITIONS)
-        pca = fit_pca(fed.x_test.astype(np.float64), cs.pca_components, seed)
-        keep, _ = usable_clients([LabelledData(fed.client_names[k], *fed.client_data(k))
-                                  for k in range(fed.n_clients)], fd.clustering.diagonal)
-        train = [LabelledData(fed.client_names[k], reduce_features(fed.client_data(k)[0], pca), fed.client_data(k)[1])
-                 for k in keep]
-        held = [LabelledData(fed.client_names[k], reduce_features(fed.client_data(k, VAL)[0], pca),
-                             fed.client_data(k, VAL)[1]) for k in keep]
-        for k in cs.points:
-            for s in range(seed, seed + cs.seeds):
-                out.append(dict(federation=name, train=train, held_out=held,
-                                config=cs.coreset.model_copy(update={"points": k}), seed=s))
+    for name, k, s in coreset_cells(p):
+        cs = fd.coresets
+        assert cs is not None  # coreset_cells is empty otherwise
+        if name not in splits:
+            fed = load_federation(name, layout.PARTITIONS)
+            pca = fit_pca(fed.x_test.astype(np.float64), cs.pca_components, seed)
+            r = roster_of(fed, fd.clustering.diagonal, min_clients=1)
+            splits[name] = ([LabelledData(c.name, reduce_features(c.x, pca), c.y) for c in r.clients],
+                            [LabelledData(c.name, reduce_features(x, pca), y)
+                             for c, (x, y) in zip(r.clients, r.held_out)])
+        train, held = splits[name]
+        out.append(dict(federation=name, train=train, held_out=held,
+                        config=cs.coreset.model_copy(update={"points": k}), seed=s))
     return out
 
 
@@ -250,7 +261,7 @@ def coreset_classification(federation: str, train: list[LabelledData], held_out:
     rows = []
     federated = client_coresets(train, config, seed)
     exact = []
-    for i, (c, fc) in enumerate(zip(train, federated)):
+    for i, c in enumerate(train):
         res = wasserstein_coreset(c.x, config.points, epochs=config.epochs, lr=config.lr,
                                   seed=client_seed(seed, i), init_scale=config.init_scale)
         points = res.coreset
@@ -361,17 +372,16 @@ def sessions(p: Params, results: list[Any]) -> Sessions:
     for name in fd.clustering.federations:
         r = roster(name, fd.clustering.diagonal)
         rosters.append((name, r, _take(remaining, len(r.clients), include_diagonal=False)))
-    coreset_rows = [row for rows in islice(remaining, len(coreset_runs(p))) for row in rows]
+    coreset_rows = [row for rows in islice(remaining, len(coreset_cells(p))) for row in rows]
     return Sessions(toy_rows, conv_rows, (otdd, otdd_results), rosters, coreset_rows, list(remaining))
 
 
-def cluster_labels(cfg: ClusteringParams, r: Roster, results: list[FedWaDResult],
-                   seed: int) -> tuple[np.ndarray, list[dict[str, Any]], dict[str, np.ndarray]]:
-    """A federation's federated-OTDD matrix, its clustering scores and labels (:func:`clustering_scores`)."""
-    d, _ = matrix_and_ledger(len(r.clients), results)
+def cluster_labels(cfg: ClusteringParams, r: Roster, distances: np.ndarray,
+                   seed: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """A federation's clustering scores and labels (:func:`clustering_scores`) from its federated-OTDD
+    matrix, with at most as many clusters as planted groups and clients."""
     n_clusters = min(cfg.n_clusters, len(np.unique(r.groups)), len(r.clients))
-    rows, labels = clustering_scores(d, r.groups, max(n_clusters, 2), cfg.neighbors, seed)
-    return d, rows, labels
+    return clustering_scores(distances, r.groups, max(n_clusters, 2), cfg.neighbors, seed)
 
 
 def followups(p: Params, results: list[Any]) -> list[Job]:
@@ -385,7 +395,7 @@ def followups(p: Params, results: list[Any]) -> list[Job]:
     device = stage_device(p.run.device)
     out = []
     for name, r, pair_results in sessions(p, results).clustering:
-        _, _, labels = cluster_labels(fd.clustering, r, pair_results, seed)
+        _, labels = cluster_labels(fd.clustering, r, matrix_and_ledger(len(r.clients), pair_results)[0], seed)
         sets = {"global": np.zeros(len(r.clients), dtype=np.int64), "planted": np.asarray(r.groups)} | labels
         data = [((c.x, c.y), held) for c, held in zip(r.clients, r.held_out)]
         n_classes = int(max(np.max(c.y) for c in r.clients)) + 1
@@ -441,11 +451,12 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     metrics["otdd"] = otdd_metrics(fd.otdd, otdd, otdd_results, out)
     degenerate = list(otdd.degenerate) + [row for _, r, _ in parts.clustering for row in r.degenerate]
     metrics["clustering"] = clustering_metrics(fd.clustering, parts.clustering, seed, out)
-    fl_rows = [row for rows in parts.rest for row in rows]
+    fl_rows = pd.DataFrame([row for rows in parts.rest for row in rows])
+    fl_summary = clustered_fl_summary(fl_rows) if len(fl_rows) else None
     if fd.clustered_fl is not None:
-        metrics["clustered_fl"] = clustered_fl_metrics(fl_rows, out)
+        metrics["clustered_fl"] = clustered_fl_metrics(fl_rows, fl_summary, out)
     if fd.coresets is not None:
-        metrics["coresets"] = coreset_metrics(parts.coresets, fl_rows, out)
+        metrics["coresets"] = coreset_metrics(parts.coresets, fl_summary, out)
     out.table(pd.DataFrame(degenerate, columns=["federation", "client", "reason"]), "degenerate_clients.csv")
     metrics["degenerate_clients"] = len(degenerate)
     return metrics
@@ -538,8 +549,8 @@ def clustering_metrics(cfg: ClusteringParams, rosters: list[tuple[str, Roster, l
     summary: dict[str, Any] = {}
     score_rows, ledgers = [], []
     for name, r, results in rosters:
-        d, rows, labels = cluster_labels(cfg, r, results, seed)
-        _, ledger = matrix_and_ledger(len(r.clients), results)
+        d, ledger = matrix_and_ledger(len(r.clients), results)
+        rows, labels = cluster_labels(cfg, r, d, seed)
         for row in rows:
             row["federation"] = name
         score_rows.extend(rows)
@@ -587,12 +598,10 @@ def clustered_fl_summary(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def clustered_fl_metrics(rows: list[dict[str, Any]], out: Report) -> dict[str, Any]:
+def clustered_fl_metrics(table: pd.DataFrame, summary: pd.DataFrame, out: Report) -> dict[str, Any]:
     """Tables 1–5: per-client rows (``clustered_fl_clients.csv``), the summary over seeds
-    (``clustered_fl.csv``) and its figure; nested run ``clustered_fl/<federation>``."""
-    table = pd.DataFrame(rows)
+    (:func:`clustered_fl_summary`, ``clustered_fl.csv``) and its figure; nested run ``clustered_fl/<federation>``."""
     out.table(table, "clustered_fl_clients.csv", markdown=False)
-    summary = clustered_fl_summary(table)
     out.table(summary, "clustered_fl.csv")
     out.figure(figs.clustered_fl_figure(summary), "clustered_fl.png")
     metrics: dict[str, Any] = {}
@@ -606,7 +615,7 @@ def clustered_fl_metrics(rows: list[dict[str, Any]], out: Report) -> dict[str, A
     return metrics
 
 
-def coreset_metrics(rows: list[dict[str, Any]], fl_rows: list[dict[str, Any]], out: Report) -> dict[str, Any]:
+def coreset_metrics(rows: list[dict[str, Any]], fl: pd.DataFrame | None, out: Report) -> dict[str, Any]:
     """Fig. 5 / 12: per federation, points and method the pooled held-out accuracy of the coreset 1-NN
     (mean ± 95% CI over seeds) next to the global FedAvg / FedPer / FedRep of clustered FL on the same
     held-out splits (``coresets.csv``, ``coresets.png``); per-client rows in ``coresets_clients.csv``."""
@@ -618,8 +627,7 @@ def coreset_metrics(rows: list[dict[str, Any]], fl_rows: list[dict[str, Any]], o
         mean, half = mean_confidence_interval(pooled.correct / pooled.total)
         summary.append(dict(federation=fed, method=f"{method} K={points}", accuracy=mean, accuracy_ci95=half,
                             mean_client_w2=float(pooled.w2.mean()), seeds=len(pooled)))
-    if fl_rows:
-        fl = clustered_fl_summary(pd.DataFrame(fl_rows))
+    if fl is not None:  # the clustered-FL summary (:func:`clustered_fl_summary`)
         for r in fl[(fl.clustering == "global") & fl.federation.isin(table.federation.unique())].itertuples():
             summary.append(dict(federation=r.federation, method=f"global {r.algorithm}", accuracy=r.accuracy,
                                 accuracy_ci95=r.accuracy_ci95, mean_client_w2=float("nan"), seeds=r.seeds))

@@ -14,18 +14,16 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from otfed.data.parties import client_sets, n_classes_of, project_federation, server_split
+from otfed.data.parties import FeatureProjection, client_sets, n_classes_of, server_split
 from otfed.data.store import load_federation
 from otfed.device import stage_device, threads_for
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation
 from otfed.figures import valuation as figs
-from otfed.fl import FedAvgConfig, evaluate, init_state
-from otfed.fl import fedavg as run_fedavg
+from otfed.fl import FedAvgConfig, evaluate, fedavg_state
 from otfed.metrics import mean_confidence_interval
 from otfed.ot.otdd import LabelledData
-from otfed.schema import Strict
 from otfed.valuation import detection_auc, flag_noisy
 from stages import layout
 from stages.params import server_split_federation
@@ -39,13 +37,10 @@ OUTPUTS = (layout.REMOVAL_REPORTS,)
 
 
 # ------------------------------------------------------------------------------------------ params
-class NoisyRemovalParams(Strict):
+class NoisyRemovalParams(FeatureProjection):
     """Stage ``noisy_removal`` (table 4): clients drop what FedBary flags; FedAvg before vs after."""
 
     federations: list[str] = Field(["fmnist_label_noise", "fmnist_feature_noise"], min_length=1)
-    pca_components: int = Field(0, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
-    random_projection: int = Field(0, ge=0, description="0 = none; else a Gaussian random projection to this many "
-                                   "dimensions (keeps distances and feature-noise energy).")
     validation_samples: int = Field(500, ge=10, description="Server validation = first rows of the test split; "
                                     "the rest is the test set.")
     max_remove_fraction: float = Field(1.0, gt=0.0, le=1.0,
@@ -67,12 +62,6 @@ class NoisyRemovalParams(Strict):
             raise ValueError("budgets must be distinct")
         return sorted(v)
 
-    @model_validator(mode="after")
-    def _one_projection(self) -> "NoisyRemovalParams":
-        if self.pca_components and self.random_projection:
-            raise ValueError("set pca_components or random_projection, not both (0 turns one off)")
-        return self
-
 
 def check(p: Params) -> None:
     """The federations exist, have a server test split and more test rows than ``validation_samples``."""
@@ -89,8 +78,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     nr, seed = p.noisy_removal, p.run.seed
     out = []
     for name in nr.federations:
-        fed = project_federation(load_federation(name, layout.PARTITIONS, require_finite=True), nr.pca_components,
-                                 seed, nr.random_projection)
+        fed = nr.project(load_federation(name, layout.PARTITIONS, require_finite=True), seed)
         validation, test = server_split(fed, nr.validation_samples)
         for s in range(seed, seed + nr.seeds):
             out.append(Job(f"noisy-removal {name} seed {s}", removal_experiment, dict(
@@ -142,19 +130,23 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
 
     def accuracies(masks: Sequence[np.ndarray]) -> tuple[float, float]:
         """FedAvg trained once on what ``masks`` keep; its (validation, test) accuracy."""
-        state = init_state(test[0].shape[1], n_classes, hidden=fedavg.hidden, seed=seed)
-        state = run_fedavg(kept(masks), state, rounds=fedavg.rounds, epochs=fedavg.epochs, lr=fedavg.lr, seed=seed,
-                           batch_size=fedavg.batch_size, device=device, num_threads=threads).state
+        state = fedavg_state(kept(masks), test[0].shape[1], n_classes, fedavg, seed, device=device,
+                             num_threads=threads)
         return tuple(evaluate(state, x, y, device=device, num_threads=threads)  # type: ignore[return-value]
                      for x, y in ((validation.x, validation.y), test))
+
+    def removed(masks: Sequence[np.ndarray]) -> tuple[int, int]:
+        """(data removed, noisy data among them), over all clients."""
+        return int(sum(m.sum() for m in masks)), int(sum((m & bad).sum() for m, bad in zip(masks, noisy)))
 
     budget_masks = {b: [_top(g, int(np.floor(b * len(g)))) for g in values] for b in budgets}
     budget_rows = []
     for b, masks in budget_masks.items():
         val_acc, test_acc = accuracies(masks)
-        budget_rows.append(dict(federation=name, seed=seed, budget=b, removed=int(sum(m.sum() for m in masks)),
-                                removed_noisy=int(sum((m & bad).sum() for m, bad in zip(masks, noisy))),
-                                validation_accuracy=val_acc, test_accuracy=test_acc))
+        n_removed, n_removed_noisy = removed(masks)
+        budget_rows.append(dict(federation=name, seed=seed, budget=b, removed=n_removed,
+                                removed_noisy=n_removed_noisy, validation_accuracy=val_acc,
+                                test_accuracy=test_acc))
     best = max(budget_rows, key=lambda r: (r["validation_accuracy"], -r["budget"]))
     chosen = budget_masks[best["budget"]]
     flagged = [_top(g, min(int(flag_noisy(g).sum()), int(np.floor(max_remove_fraction * len(g))))) for g in values]
@@ -164,10 +156,13 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
         r = np.zeros(len(m), dtype=bool)
         r[rng.choice(len(m), int(m.sum()), replace=False)] = True
         random_masks.append(r)
-    nothing = [np.zeros(len(g), dtype=bool) for g in values]
-    acc = {key: accuracies(masks)[1] for key, masks in (("before", nothing), ("flagged", flagged),
-                                                       ("oracle", noisy), ("random", random_masks))}
+    acc = {key: accuracies(masks)[1] for key, masks in (("flagged", flagged), ("oracle", noisy),
+                                                       ("random", random_masks))}
     acc["budget"] = best["test_accuracy"]
+    # nothing removed: budget 0's model when it is a candidate (the same training), else trained here
+    acc["before"] = next((r["test_accuracy"] for r in budget_rows if r["budget"] == 0.0), None)
+    if acc["before"] is None:
+        acc["before"] = accuracies([np.zeros(len(g), dtype=bool) for g in values])[1]
     all_noisy = np.concatenate(noisy)
     client_rows = []
     for k, (c, bad, g) in enumerate(zip(clients, noisy, values)):
@@ -177,9 +172,6 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
                                 removed_budget=int(chosen[k].sum()), removed_budget_noisy=int((chosen[k] & bad).sum()),
                                 noisy_in_top_noisy=int(bad[_top(g, int(bad.sum()))].sum()),
                                 contribution_percent=float(res.contributions[k])))
-
-    def removed(masks: Sequence[np.ndarray]) -> tuple[int, int]:
-        return int(sum(m.sum() for m in masks)), int(sum((m & bad).sum() for m, bad in zip(masks, noisy)))
 
     n_flagged, flagged_noisy = removed(flagged)
     n_budget, budget_noisy = removed(chosen)

@@ -4,7 +4,9 @@
 * :func:`server_split` — the server's data: a validation set (FedBary's target Q) and a test set, both
   cut from the federation's server-side test split.
 * :func:`project_federation` — the federation with features projected on a PCA fitted on the server's
-  test split (the partition stage's rule: the server's public data, never client rows).
+  test split (the partition stage's rule: the server's public data, never client rows), or by a seeded
+  Gaussian random projection (:func:`random_projection_federation`); :class:`FeatureProjection` — those
+  settings as a params type.
 * :func:`n_classes_of` — the number of classes a model over some label arrays needs.
 """
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from otfed.data.features import fit_pca, reduce_features
 from otfed.data.store import FederationData
 from otfed.ot.otdd import LabelledData
+from otfed.schema import Strict
 
 
 def project_federation(fed: FederationData, n_components: int, seed: int, random_components: int = 0) -> FederationData:
@@ -53,6 +57,25 @@ def random_projection_federation(fed: FederationData, n_components: int, seed: i
         return (np.asarray(x, dtype=np.float64).reshape(len(x), d) @ r).astype(np.float32)
 
     return dataclasses.replace(fed, x=project(fed.x), x_test=project(fed.x_test))
+
+
+class FeatureProjection(Strict):
+    """How a stage maps the stored features before valuing them — the ``pca_components`` /
+    ``random_projection`` keys of the FedBary stages' params groups (:func:`project_federation`)."""
+
+    pca_components: int = Field(0, ge=0, description="0 = features as stored; else PCA fitted on the test split.")
+    random_projection: int = Field(0, ge=0, description="0 = none; else a Gaussian random projection to this many "
+                                   "dimensions (keeps distances and feature-noise energy; PCA-32 loses the noise).")
+
+    @model_validator(mode="after")
+    def _one_projection(self) -> "FeatureProjection":
+        if self.pca_components and self.random_projection:
+            raise ValueError("set pca_components or random_projection, not both (0 turns one off)")
+        return self
+
+    def project(self, fed: FederationData, seed: int) -> FederationData:
+        """:func:`project_federation` with these settings."""
+        return project_federation(fed, self.pca_components, seed, self.random_projection)
 
 
 def client_sets(fed: FederationData) -> list[LabelledData]:

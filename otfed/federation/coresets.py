@@ -111,6 +111,7 @@ from otfed.federation.fedwad import (FedWaDConfig, WassersteinClient, client_ste
                                      subproblem_transport)
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, CountMessage, DistanceMessage, MeasureMessage, Message
+from otfed.federation.parties import check_roster
 from otfed.ot import Measure, Transport, interpolate_approx, optimal_transport
 from otfed.ot.otdd import LabelledData
 from otfed.schema import Strict
@@ -524,14 +525,7 @@ def coreset_session(client: CoresetClient, server: CoresetServer, channel: Chann
 
 
 def _check_clients(clients: Sequence[CoresetClient], points: int) -> None:
-    if not clients:
-        raise ValueError("a federated coreset needs at least one client")
-    names = [c.name for c in clients]
-    if len(set(names)) != len(names):
-        raise ValueError(f"client names must be unique, got {names}")
-    dims = {c.name: c.dim for c in clients}
-    if len(set(dims.values())) != 1:
-        raise ValueError(f"clients have different feature dimensions: {dims}")
+    check_roster([c.name for c in clients], {c.name: c.dim for c in clients}, protocol="a federated coreset")
     total = sum(c.n for c in clients)
     if points > total:
         raise ValueError(f"coreset points K={points} exceeds the {total} samples held by the clients")
@@ -663,12 +657,7 @@ def client_coreset(data: LabelledData, config: CoresetConfig, seed: int = 0, cha
 def client_coresets(datasets: Sequence[LabelledData], config: CoresetConfig, seed: int = 0
                     ) -> list[LabelledCoreset]:
     """:func:`client_coreset` for every client, client i seeded with :func:`client_seed` (seed, i)."""
-    names = [d.name for d in datasets]
-    if len(set(names)) != len(names):
-        raise ValueError(f"client names must be unique, got {names}")
-    dims = {d.name: np.asarray(d.x).shape[1:] for d in datasets}
-    if len(set(dims.values())) > 1:
-        raise ValueError(f"clients have different feature dimensions: {dims}")
+    check_roster([d.name for d in datasets], {d.name: np.asarray(d.x).shape[1:] for d in datasets})
     return [client_coreset(d, config, client_seed(seed, i)) for i, d in enumerate(datasets)]
 
 

@@ -71,7 +71,7 @@ from otfed.federation.fedwad import FedWaDConfig, draw_t, interpolation_step, su
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
 from otfed.federation.otdd import LabelledData, augmented_measure
-from otfed.federation.parties import InProcess, Workers
+from otfed.federation.parties import InProcess, Workers, check_roster
 from otfed.ot import Measure, interpolate_approx
 from otfed.valuation.calibrated import datum_values as calibrated_datum_values
 
@@ -389,14 +389,8 @@ def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel 
     order): where the clients live — they are handed to ``workers.host`` and from then on only their
     methods are called, by name, and their messages come back — and where the server's N independent
     computations per round run. Same clients and seeds → the same result on any ``workers``."""
-    if not clients:
-        raise ValueError("FedBary needs at least one client")
     names = [c.name for c in clients]
-    if len(set(names)) != len(names):
-        raise ValueError(f"client names must be unique, got {names}")
-    dims = {c.name: c.dim for c in clients}
-    if len(set(dims.values())) != 1:
-        raise ValueError(f"clients have different augmented dimensions: {dims}")
+    check_roster(names, {c.name: c.dim for c in clients}, space="augmented", protocol="FedBary")
     channel = channel or Channel(session="fedbary")
     config = server.config
     workers = workers or InProcess()

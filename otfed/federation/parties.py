@@ -15,11 +15,26 @@ pipeline provides a Dask implementation (``flows.runners.DaskWorkers``: clients 
 workers, the server's computations as Dask tasks). Any implementation must return results in call order:
 the protocol's random draws happen in the driver and in each party, in a fixed order, so the numbers do
 not depend on where the work ran.
+
+:func:`check_roster` is the check every multi-client protocol makes first: unique names, one dimension.
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Protocol, Sequence
+
+
+def check_roster(names: Sequence[str], dims: Mapping[str, Any], space: str = "feature",
+                 protocol: str | None = None) -> None:
+    """ValueError unless the clients' ``names`` are unique and their ``dims`` (name → dimension or shape) are
+    all equal; with ``protocol`` also unless there is at least one client ("<protocol> needs at least one
+    client"; None: an empty roster passes)."""
+    if protocol is not None and not names:
+        raise ValueError(f"{protocol} needs at least one client")
+    if len(set(names)) != len(names):
+        raise ValueError(f"client names must be unique, got {list(names)}")
+    if len(set(dims.values())) > 1:
+        raise ValueError(f"clients have different {space} dimensions: {dict(dims)}")
 
 
 class Hosted(Protocol):

@@ -220,6 +220,12 @@ def evaluate(state: State, x: np.ndarray, y: np.ndarray, device: str | torch.dev
     return float(np.mean(predict(state, x, device, num_threads) == y))
 
 
+def round_seed(seed: int, round_: int, client: int) -> int:
+    """The seed of client ``client``'s local update in round ``round_`` (shared by every FL loop here, so
+    FedAvg, FedPer and FedRep draw the same mini-batches for the same (seed, round, client))."""
+    return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
+
+
 @dataclass
 class FedAvgResult:
     """Final global state and, per round, the accuracy on the evaluation set (if one was given)."""
@@ -246,13 +252,26 @@ def fedavg(clients: Sequence[tuple[np.ndarray, np.ndarray]], state: State, round
         state = {k: v.to(device) for k, v in state.items()}
         for r in range(rounds):
             local = [_client_update(state, d, epochs, lr,
-                                    seed=int(np.random.SeedSequence([seed, r, k]).generate_state(1)[0]),
+                                    seed=round_seed(seed, r, k),
                                     batch_size=batch_size, device=device)
                      for k, d in enumerate(data)]
             state = server_aggregate(local, w)
             if eval_data is not None:
                 accuracy.append(evaluate(state, *eval_data, device=device, num_threads=None))
     return FedAvgResult(state=_on_cpu(state), accuracy=accuracy)
+
+
+def fedavg_state(clients: Sequence[tuple[np.ndarray, np.ndarray]], n_features: int, n_classes: int,
+                 config: FedAvgConfig, seed: int, device: str | torch.device = "cpu",
+                 num_threads: int | None = 1) -> State:
+    """The final global state of :func:`fedavg` (McMahan et al. 2017, alg. 1) over ``clients`` with the
+    ``config`` settings, from the state :func:`init_state` draws with ``seed``; no clients → that initial
+    state. Evaluate it on as many sets as needed with :func:`evaluate`."""
+    state = init_state(n_features, n_classes, hidden=config.hidden, seed=seed)
+    if clients:
+        state = fedavg(clients, state, rounds=config.rounds, epochs=config.epochs, lr=config.lr, seed=seed,
+                       batch_size=config.batch_size, device=device, num_threads=num_threads).state
+    return state
 
 
 def fedavg_accuracy(clients: Sequence[tuple[np.ndarray, np.ndarray]], eval_data: tuple[np.ndarray, np.ndarray],
@@ -262,8 +281,5 @@ def fedavg_accuracy(clients: Sequence[tuple[np.ndarray, np.ndarray]], eval_data:
     ``config`` settings, from the state :func:`init_state` draws with ``seed``; no clients → the initial
     model's accuracy. The utility of FedBary §5.1's client-level games and the score of its table 4.
     ``device`` / ``num_threads``: where and with how many torch CPU threads FedAvg runs (module docstring)."""
-    state = init_state(eval_data[0].shape[1], n_classes, hidden=config.hidden, seed=seed)
-    if clients:
-        state = fedavg(clients, state, rounds=config.rounds, epochs=config.epochs, lr=config.lr, seed=seed,
-                       batch_size=config.batch_size, device=device, num_threads=num_threads).state
+    state = fedavg_state(clients, eval_data[0].shape[1], n_classes, config, seed, device, num_threads)
     return evaluate(state, *eval_data, device=device, num_threads=num_threads)

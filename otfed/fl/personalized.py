@@ -44,7 +44,7 @@ from pydantic import Field
 
 from otfed.device import to_device, torch_threads
 from otfed.fl.fedavg import (State, _client_update, _on_cpu, _sizes, _state_of, _tensors, build_model, fedavg,
-                             init_state, server_aggregate)
+                             init_state, round_seed, server_aggregate)
 from otfed.schema import PositiveInt, Strict
 
 Algorithm = Literal["fedavg", "fedper", "fedrep"]
@@ -248,7 +248,7 @@ def _personalized(clients: Sequence[Data], state: State, rounds: int, update: Ca
         body = {k: v.to(device) for k, v in body.items()}
         heads = [{k: v.to(device) for k, v in head.items()} for _ in clients]
         for r in range(rounds):
-            local = [update(body, heads[k], d, seed=int(np.random.SeedSequence([seed, r, k]).generate_state(1)[0]))
+            local = [update(body, heads[k], d, seed=round_seed(seed, r, k))
                      for k, d in enumerate(data)]
             heads = [h for _, h in local]
             body = aggregate_bodies([b for b, _ in local], w)

@@ -98,8 +98,8 @@ def test_torch_jobs_hand_the_device_to_the_library(stage: str, partitioned, monk
     else:
         import otfed.valuation.client_games as games  # barycenter_valuation's game: fedavg_utility(device)
 
-        # barycenter_valuation's utility calls fedavg_accuracy; noisy_removal trains each kept set once (fedavg)
-        where, name = (games, "fedavg_accuracy") if stage == "barycenter_valuation" else (module, "run_fedavg")
+        # barycenter_valuation's utility calls fedavg_accuracy; noisy_removal trains each kept set once
+        where, name = (games, "fedavg_accuracy") if stage == "barycenter_valuation" else (module, "fedavg_state")
         monkeypatch.setattr(where, name, lambda *args, device="cpu", num_threads=1, **kwargs:
                             record(device=device, num_threads=num_threads))
     torch_jobs = [job for job in jobs if job.fn.__name__ in TORCH_JOBS[stage]]
