@@ -284,8 +284,8 @@ KNOT = {
                 "Entropy and Sinkhorn.",
             ],
             "paper_table": _knot_all_table(),
-            "views": ["distill_all"],
-            "figures": ["sinkhorn_vs_entropy.png"],
+            "views": ["distill_all", "distill_claims"],
+            "figures": ["sinkhorn_vs_entropy.png", "claims.png"],
             "note": "Paper columns: ALL of table 2 (SA, macro-F1), table 3 (ERC, macro-F1), table 4 (NLI, "
                     "accuracy). otfed's per-test-set tables: reports/distill/table_<task>.csv.",
         },

@@ -256,6 +256,16 @@ def distill_all(folder: Path) -> list[tuple[str, pd.DataFrame]]:
              table.reindex(order).rename_axis("variant").reset_index())]
 
 
+@view
+def distill_claims(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    """The papers' claims on the ALL test sets: paired difference over seeds, its 95% CI and the verdict."""
+    claims = _csv(folder, "claims.csv")
+    claims = claims[claims.test_set == "ALL"]
+    return [("the papers' claims as paired differences over seeds (better − baseline; the papers claim score ↑ and "
+             "SD ↓), reports/distill/claims.csv",
+             claims[["task", "claim", "metric", "seeds", "mean_difference", "ci95", "verdict"]])]
+
+
 # ------------------------------------------------------------------------------------------- page
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; color: #222; line-height: 1.4; }

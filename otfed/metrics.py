@@ -107,15 +107,20 @@ def semantic_distance(probs, labels, label_space) -> float:
     return float(np.mean([errors[labels == label].mean() for label in np.unique(labels)]))
 
 
-def macro_f1(labels, predictions, n_labels: int | None = None) -> float:
+def macro_f1(labels, predictions, n_labels: int | None = None, present_only: bool = False) -> float:
     """Macro-averaged F1 (the papers' SA and ERC score). ``predictions`` are label indices or N×C scores
-    (argmax taken). Averages over 0..n_labels−1 when given, else over the labels seen in either input;
-    a label never predicted nor present scores 0 (sklearn ``zero_division=0``)."""
+    (argmax taken). Averages over the labels present in ``labels`` when ``present_only`` (a label absent
+    from the evaluated set has no F1 to measure: counting it as 0 would score a set without a rare emotion
+    lower for a reason no model can change), else over 0..n_labels−1 when given, else over the labels seen in
+    either input; a label with no true and no predicted sample scores 0 (sklearn ``zero_division=0``)."""
     from sklearn.metrics import f1_score
 
-    kwargs = {} if n_labels is None else {"labels": list(range(n_labels))}
-    return float(f1_score(_as_numpy(labels).astype(int), _predicted_labels(predictions), average="macro",
-                          zero_division=0, **kwargs))
+    y = _as_numpy(labels).astype(int)
+    if present_only:
+        kwargs = {"labels": np.unique(y).tolist()}
+    else:
+        kwargs = {} if n_labels is None else {"labels": list(range(n_labels))}
+    return float(f1_score(y, _predicted_labels(predictions), average="macro", zero_division=0, **kwargs))
 
 
 def accuracy(labels, predictions) -> float:
@@ -131,8 +136,11 @@ def score_name(task: str) -> str:
 
 
 def task_score(task: str, labels, probs, n_labels: int) -> float:
-    """The :func:`score_name` score of ``task``: macro-F1 over ``n_labels`` labels (SA, ERC) or accuracy (NLI)
-    of the argmax predictions of the N×C ``probs``."""
+    """The :func:`score_name` score of ``task``: macro-F1 over the labels present in ``labels`` (SA, ERC; a
+    test set without a rare emotion is not scored 0 on it) or accuracy (NLI) of the argmax predictions of
+    the N×C ``probs``. ``n_labels`` checks the width of ``probs``."""
+    if _as_numpy(probs).ndim == 2 and _as_numpy(probs).shape[1] != n_labels:
+        raise ValueError(f"probabilities have {_as_numpy(probs).shape[1]} columns for {n_labels} labels")
     if task == "nli":
         return accuracy(labels, probs)
-    return macro_f1(labels, probs, n_labels=n_labels)
+    return macro_f1(labels, probs, present_only=True)

@@ -2,9 +2,10 @@
 
 The server side only: it reads the messages clients sent (transfer-set predictions, dataset sizes,
 probability biases), assembles its teacher ensemble from them, and trains a student from its own
-pretrained global model with eq. 3 for every {Sinkhorn, Entropy} × {A, D, U, E}. The test sets are read
-for scoring only — the experimenter's view, as in the papers' tables. One job per (task, variant), and one
-per task scoring the undistilled global model (the "before distillation" reference row).
+pretrained global model with eq. 3 for every {Sinkhorn, Entropy} × {A, D, U, E}, once per seed. The test
+sets are read for scoring only — the experimenter's view, as in the papers' tables. One job per (task,
+seed, variant), and one per task scoring the undistilled global model (the "before distillation" reference
+row). The papers' relative claims are reported as paired differences over the seeds with 95% CIs.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from otfed import io
 from otfed.data.text import load_text_federation
 from otfed.device import stage_device
 from otfed.distill.ensemble import TeacherEnsemble
-from otfed.distill.evaluation import ALL, EvaluationSet, evaluate, evaluation_sets
+from otfed.distill.evaluation import (ALL, EvaluationSet, claim_pairs, evaluate, evaluation_sets, paired_claims,
+                                      seed_summary)
 from otfed.distill.student import distill_student, ensemble_weights
 from otfed.federation.knot import load_messages, server_ensemble
 from otfed.figures import distill as figs
@@ -52,6 +54,8 @@ class DistillParams(Strict):
     sinkhorn_iterations: int = Field(300, ge=1, le=100000)
     one_hot_ablation: bool = Field(True, description="Also Sinkhorn-E with one-hot label coordinates (app. C.1).")
     learning_without_forgetting: bool = Field(True, description="The frozen global model is one more teacher.")
+    seeds: int = Field(5, ge=1, le=100, description="Students per variant, seeds run.seed … run.seed+seeds−1; the "
+                                                    "variants of one seed share batches and dropout masks (paired).")
     epochs: int = Field(3, ge=1, le=1000)
     batch_size: int = Field(32, ge=1, le=4096)
     lr: float = Field(2e-4, gt=0.0, le=1.0)
@@ -117,13 +121,19 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         sets = evaluation_sets(fed)  # scoring only; the server never gets the clients' training splits
         out.append(Job(f"{task}/global", global_reference, dict(
             task=task, global_model_dir=global_dir, sets=sets, batch_size=d.eval_batch_size, device=device)))
-        for name, loss, weighting, one_hot in variants(d):
-            out.append(Job(f"{task}/{name}", distill_variant, dict(
-                task=task, variant=name, loss=loss, weighting=weighting,
-                label_space=LabelSpace.one_hot(semantic) if one_hot else semantic, global_model_dir=global_dir,
-                transfer_texts=fed.transfer_texts, ensemble=ensemble, sets=sets, settings=d.settings,
-                seed=p.run.seed, device=device)))
+        for seed in seeds(p):
+            for name, loss, weighting, one_hot in variants(d):
+                out.append(Job(f"{task}/{name} seed {seed}", distill_variant, dict(
+                    task=task, variant=name, loss=loss, weighting=weighting,
+                    label_space=LabelSpace.one_hot(semantic) if one_hot else semantic, global_model_dir=global_dir,
+                    transfer_texts=fed.transfer_texts, ensemble=ensemble, sets=sets, settings=d.settings,
+                    seed=seed, device=device)))
     return out
+
+
+def seeds(p: Params) -> list[int]:
+    """The students' seeds: run.seed, run.seed + 1, … (``distill.seeds`` of them)."""
+    return [p.run.seed + i for i in range(p.distill.seeds)]
 
 
 def global_reference(task: str, global_model_dir: str, sets: Sequence[EvaluationSet], batch_size: int,
@@ -159,65 +169,88 @@ def distill_variant(task: str, variant: str, loss: str, weighting: str, label_sp
                               sinkhorn_iterations=settings["sinkhorn_iterations"], epochs=settings["epochs"],
                               batch_size=settings["batch_size"], lr=settings["lr"],
                               weight_decay=settings["weight_decay"], seed=seed, description=f"{task}/{variant}")
-    history = [{"task": task, "variant": variant, **record} for record in records]
+    history = [{"task": task, "variant": variant, "seed": seed, **record} for record in records]
     # scores always use the task's semantic coordinates (the ablation changes the training cost only)
     rows, probs = evaluate(student, task, sets, LabelSpace.for_task(task), settings["eval_batch_size"])
     seconds = time.perf_counter() - start
     for r in rows:
-        r.update(task=task, variant=variant, loss=loss, weighting=weighting, seconds=seconds)
+        r.update(task=task, variant=variant, loss=loss, weighting=weighting, seed=seed, seconds=seconds)
     return rows, probs, history
 
 
 # ------------------------------------------------------------------------------------------ report
 def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
-    """Per task: ``table_<task>.csv`` (tables 2–4), the saved predictions and fig. 2's expected-label boxes;
-    ``results.csv``, ``history.csv`` and the Sinkhorn-vs-Entropy figure; one nested run per (task, variant)
-    with the same metric names."""
+    """Per task: ``table_<task>.csv`` (tables 2–4: mean ± 95% CI over the seeds), the first seed's saved
+    predictions and fig. 2's expected-label boxes; ``results.csv`` (every student and seed), ``summary.csv``,
+    ``claims.csv`` (the papers' claims as paired differences over seeds, :func:`paired_claims`), ``history.csv``,
+    the Sinkhorn-vs-Entropy figure and the claims figure; one nested run per (task, variant) with the means,
+    the CIs and each seed's scores (step = seed)."""
     d = p.distill
-    per_task = 1 + len(variants(d))
+    per_task = 1 + len(variants(d)) * d.seeds
     rows: list[dict[str, Any]] = []
     histories: list[dict[str, Any]] = []
-    metrics: dict[str, Any] = {}
     for i, task in enumerate(p.train_teachers.tasks):
         (base_rows, base_probs, labels), *students = results[i * per_task:(i + 1) * per_task]
-        rows.extend(base_rows)
-        probabilities = {GLOBAL: base_probs}
-        for (name, loss, weighting, one_hot), (variant_rows, probs, history) in zip(variants(d), students):
+        rows.extend(dict(r, seed=p.run.seed) for r in base_rows)
+        probabilities = {GLOBAL: base_probs}  # the first seed's students (fig. 2 and the saved predictions)
+        for k, (variant_rows, probs, history) in enumerate(students):
             rows.extend(variant_rows)
             histories.extend(history)
-            probabilities[name] = probs
-            tags = {"task": task, "loss": loss, "weighting": weighting,
-                    "label_coordinates": "one-hot" if one_hot else "semantic"}
-            with out.variant(f"{task}/{name}", tags=tags) as child:
-                child.log_params({"task": task, "loss": loss, "weighting": weighting, "one_hot": one_hot,
-                                  **d.settings})
-                for record in history:
-                    child.log_metrics({"train_loss": float(record["loss"])}, step=int(record["epoch"]))
-                scores = {}
-                for r in variant_rows:
-                    scores[f"{r['test_set']}.score"] = float(r["score"])
-                    scores[f"{r['test_set']}.semantic_distance"] = float(r["semantic_distance"])
-                child.log_metrics({**scores, "seconds": variant_rows[0]["seconds"]})
+            if k < len(variants(d)):
+                probabilities[variants(d)[k][0]] = probs
         io.write_npz(out.out / f"predictions_{task}.npz",
                      **{f"{v}|{s}": pr for v, by_set in probabilities.items() for s, pr in by_set.items()},
                      **{f"labels|{s}": y for s, y in labels.items()})
-        task_table = pd.DataFrame([r for r in rows if r["task"] == task])
-        out.table(figs.results_table(task_table), f"table_{task}.csv")
         out.figure(figs.expected_label_boxplots(probabilities, labels[ALL], LabelSpace.for_task(task),
                                                 ["Sinkhorn-E", "Entropy-E"]), f"expected_label_{task}.png")
-        all_rows = task_table[task_table.test_set == ALL]
-        metrics[task] = {r["variant"]: {"score": round(r["score"], 4),
-                                        "semantic_distance": round(r["semantic_distance"], 4)}
-                         for r in all_rows.to_dict("records")}
-    out.table(pd.DataFrame(rows), "results.csv")
+    frame = pd.DataFrame(rows)
+    summary = seed_summary(frame)
+    claims = paired_claims(frame[frame.variant != GLOBAL], claim_pairs(d.losses, d.weightings, LOSS_NAMES))
+    for task in p.train_teachers.tasks:
+        out.table(figs.results_table(summary[summary.task == task]), f"table_{task}.csv")
+    for (task, name, loss, weighting, one_hot) in [(t, *v) for t in p.train_teachers.tasks for v in variants(d)]:
+        tags = {"task": task, "loss": loss, "weighting": weighting,
+                "label_coordinates": "one-hot" if one_hot else "semantic"}
+        with out.variant(f"{task}/{name}", tags=tags) as child:
+            child.log_params({"task": task, "loss": loss, "weighting": weighting, "one_hot": one_hot,
+                              "seeds": d.seeds, **d.settings})
+            for r in summary[(summary.task == task) & (summary.variant == name)].itertuples():
+                child.log_metrics({f"{r.test_set}.score": r.score, f"{r.test_set}.score_ci95": r.score_ci95,
+                                   f"{r.test_set}.semantic_distance": r.semantic_distance,
+                                   f"{r.test_set}.semantic_distance_ci95": r.semantic_distance_ci95})
+            for r in frame[(frame.task == task) & (frame.variant == name) & (frame.test_set == ALL)].itertuples():
+                child.log_metrics({"seed_score": r.score, "seed_semantic_distance": r.semantic_distance,
+                                   "seconds": r.seconds}, step=int(r.seed))
+    out.table(frame, "results.csv")
+    out.table(summary, "summary.csv")
+    out.table(claims, "claims.csv")
     out.table(pd.DataFrame(histories), "history.csv")
-    out.figure(figs.sinkhorn_vs_entropy(pd.DataFrame(rows)), "sinkhorn_vs_entropy.png")
+    out.figure(figs.sinkhorn_vs_entropy(summary), "sinkhorn_vs_entropy.png")
+    out.figure(figs.claims_figure(claims[claims.test_set == ALL]), "claims.png")
+    return distill_metrics(summary, claims, p.train_teachers.tasks)
+
+
+def distill_metrics(summary: pd.DataFrame, claims: pd.DataFrame, tasks: Sequence[str]) -> dict[str, Any]:
+    """Per task, on ALL: every variant's mean score and Semantic Distance with their CI half-widths, each
+    claim's verdict per metric, and how many (claim, metric) comparisons replicate / reverse."""
+    metrics: dict[str, Any] = {}
+    for task in tasks:
+        rows = summary[(summary.task == task) & (summary.test_set == ALL)]
+        metrics[task] = {r["variant"]: {key: r[key] for key in ("score", "score_ci95", "semantic_distance",
+                                                                 "semantic_distance_ci95")}
+                         for r in rows.to_dict("records")}
+        mine = claims[(claims.task == task) & (claims.test_set == ALL)]
+        metrics[task]["claims"] = {f"{r.claim} ({r.metric})": r.verdict for r in mine.itertuples()}
+        metrics[task]["claims_replicated"] = int((mine.verdict == "replicates").sum())
+        metrics[task]["claims_reversed"] = int((mine.verdict == "reversed").sum())
     return metrics
 
 
 STAGE = Stage("distill", DistillParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",),
               needs=("estimate_bias",),
-              headline=("*.Sinkhorn-E.*", "*.Entropy-E.*", "*.global (no distillation).*"))  # tables 2-4, ALL
+              headline=("*.Sinkhorn-E.score", "*.Sinkhorn-E.semantic_distance", "*.Entropy-E.score",
+                        "*.Entropy-E.semantic_distance", "*.global (no distillation).score",
+                        "*.claims_replicated"))  # tables 2-4 and the claims, on ALL
 
 if __name__ == "__main__":  # DVC: python -m stages.distill
     from flows.stage import main

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 from pydantic import Field
 
@@ -43,6 +44,8 @@ class TrainTeachersParams(Strict):
     party_models: dict[str, ModelSpec] = Field(
         {}, description="'<task>.<party>' → model for that party (teachers may differ in architecture).")
     training: TrainingConfig = TrainingConfig()
+    party_training: dict[str, TrainingConfig] = Field(
+        {}, description="'<task>.<party>' → training settings for that party (e.g. a transformer teacher's lower lr).")
     predict_batch_size: int = Field(128, ge=1)
 
 
@@ -57,13 +60,14 @@ def check(p: Params) -> None:
         if task not in text.tasks:
             raise ValueError(f"train_teachers.tasks[{i}]: task {task!r} has no partition.text.tasks entry; "
                              f"defined: {sorted(text.tasks)}")
-    for key in tt.party_models:
-        task, _, party = key.partition(".")
-        spec = text.tasks.get(task)
-        parties = [] if spec is None else [*spec.locals, spec.global_party]
-        if party not in parties:
-            allowed = [f"{t}.{q}" for t, s in text.tasks.items() for q in [*s.locals, s.global_party]]
-            raise ValueError(f"train_teachers.party_models: unknown party {key!r}; allowed: {', '.join(allowed)}")
+    for group in ("party_models", "party_training"):
+        for key in getattr(tt, group):
+            task, _, party = key.partition(".")
+            spec = text.tasks.get(task)
+            parties = [] if spec is None else [*spec.locals, spec.global_party]
+            if party not in parties:
+                allowed = [f"{t}.{q}" for t, s in text.tasks.items() for q in [*s.locals, s.global_party]]
+                raise ValueError(f"train_teachers.{group}: unknown party {key!r}; allowed: {', '.join(allowed)}")
 
 
 # -------------------------------------------------------------------------------------------- jobs
@@ -78,7 +82,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         for party in fed.parties:
             out.append(Job(f"{task}/{party.name}", train_party, dict(
                 task=task, party=party, model=tt.party_models.get(f"{task}.{party.name}", tt.model),
-                training=tt.training, transfer_texts=fed.transfer_texts, label_names=fed.label_names,
+                training=tt.party_training.get(f"{task}.{party.name}", tt.training), transfer_texts=fed.transfer_texts, label_names=fed.label_names,
                 out_dir=str(models / task / party.name), seed=seed, device=device,
                 predict_batch_size=tt.predict_batch_size)))
     return out
@@ -101,12 +105,16 @@ def train_party(task: str, party: TextParty, model: ModelSpec, training: Trainin
     test_probs = clf.predict_proba(list(party.test.texts), batch_size=predict_batch_size)
     transfer_probs = clf.predict_proba(list(transfer_texts), batch_size=predict_batch_size, progress=True)
     n_labels = len(label_names)
+    # the majority-label baseline: every test text gets the party's most frequent training label
+    majority = np.eye(n_labels)[np.full(len(party.test.labels),
+                                        np.bincount(party.train.labels, minlength=n_labels).argmax())]
     row = {
         "task": task, "party": party.name, "role": party.role, "source": party.source, "model": model.kind,
         "parameters": int(clf.n_parameters), "n_train": len(party.train.texts), "n_val": len(party.val.texts),
         "n_test": len(party.test.texts), "best_epoch": result.best_epoch, "val_macro_f1": result.best_score,
         "test_score": task_score(task, party.test.labels, test_probs, n_labels), "score": score_name(task),
-        "test_macro_f1": macro_f1(party.test.labels, test_probs, n_labels=n_labels),
+        "majority_score": task_score(task, party.test.labels, majority, n_labels),
+        "test_macro_f1": macro_f1(party.test.labels, test_probs, present_only=True),
         "seconds": time.perf_counter() - start,
     }
     return row, history, client_messages(party.name, transfer_probs, len(party.train.texts))
@@ -139,6 +147,7 @@ def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]], 
                                                               "seconds")})
         save_messages(dirs[layout.TEXT_MESSAGES] / f"{task}.npz", task_messages)
         metrics[task] = {r["party"]: round(r["test_score"], 4) for r, _, _ in mine}
+        metrics[task]["above_majority"] = int(sum(r["test_score"] > r["majority_score"] for r, _, _ in mine))
     out.table(pd.DataFrame(rows), "teachers.csv")
     out.table(pd.DataFrame(histories), "history.csv")
     out.table(channel.ledger.cost_table(), "communication.csv")

@@ -69,5 +69,10 @@ def test_task_score_is_accuracy_for_nli_and_macro_f1_otherwise():
     for task in ("sa", "erc"):
         assert score_name(task) == "macro_f1"
         assert task_score(task, labels, probs, 3) == pytest.approx((0.5 + 0.8 + 0.0) / 3)
-    # n_labels counts a label that is neither present nor predicted (its F1 is 0)
-    assert task_score("sa", labels, probs, 4) == pytest.approx((0.5 + 0.8 + 0.0 + 0.0) / 4)
+    # a label absent from the gold labels is not averaged, even when predicted: gold [0,0,1,1], predicted
+    # [0,1,1,2] → label 0: P 1 R 1/2 F 2/3; label 1: P 1/2 R 1/2 F 1/2; label 2 (absent) left out
+    gold, predicted = [0, 0, 1, 1], np.eye(3)[[0, 1, 1, 2]]
+    assert task_score("erc", gold, predicted, 3) == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert macro_f1(gold, predicted, n_labels=3) == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)  # all labels
+    with pytest.raises(ValueError, match="3 columns for 4 labels"):
+        task_score("sa", labels, probs, 4)

@@ -6,13 +6,14 @@ only, never for training.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
 from otfed.data.text import TextFederation
 from otfed.label_space import LabelSpace
-from otfed.metrics import semantic_distance, task_score
+from otfed.metrics import mean_confidence_interval, semantic_distance, task_score
 from otfed.models import TextClassifier
 
 ALL = "ALL"  # the union of every party's test split
@@ -48,3 +49,76 @@ def evaluate(clf: TextClassifier, task: str, sets: Sequence[EvaluationSet], labe
                      "score": task_score(task, labels, probs, label_space.n_labels),
                      "semantic_distance": semantic_distance(probs, labels, label_space)})
     return rows, probabilities
+
+
+# ------------------------------------------------------------------- the papers' claims, as statistics
+#: metric → the direction the papers claim a better method moves it (+1: higher is better, −1: lower)
+BETTER = {"score": +1, "semantic_distance": -1}
+
+
+def claim_pairs(losses: Sequence[str], weightings: Sequence[str], names: Mapping[str, str]
+                ) -> list[tuple[str, str, str]]:
+    """(claim, better variant, baseline variant) of the papers' relative claims (KNOT tables 2–4; the
+    confident-Sinkhorn paper's weighting ablation): Sinkhorn-X beats Entropy-X for each weighting X, and
+    for each loss L, L-E (L2 confidence) beats L-A, L-D and L-U. ``names`` maps a loss to its table name
+    (``sinkhorn`` → ``Sinkhorn``, ``kl`` → ``Entropy``); claims whose variants are not both run are left out."""
+    out = []
+    if "sinkhorn" in losses and "kl" in losses:
+        out += [(f"Sinkhorn-{w} vs Entropy-{w}", f"{names['sinkhorn']}-{w}", f"{names['kl']}-{w}")
+                for w in weightings]
+    if "E" in weightings:
+        out += [(f"{names[loss]}-E vs {names[loss]}-{w}", f"{names[loss]}-E", f"{names[loss]}-{w}")
+                for loss in losses for w in weightings if w != "E"]
+    return out
+
+
+def paired_claims(rows: pd.DataFrame, claims: Sequence[tuple[str, str, str]], level: float = 0.95) -> pd.DataFrame:
+    """Each claim as a paired comparison over seeds: per (task, test set, metric), the differences
+    better − baseline of the two variants trained with the same seed (same batches, same dropout masks),
+    their mean and Student-t confidence interval (:func:`otfed.metrics.mean_confidence_interval`), and a
+    verdict: ``replicates`` when the interval excludes 0 on the side the papers claim (score up, Semantic
+    Distance down), ``reversed`` when it excludes 0 on the other side, ``undecided`` otherwise (also with
+    a single seed, which has no interval).
+
+    ``rows``: columns task, test_set, variant, seed, score, semantic_distance (one row per student and test
+    set). Returns columns task, test_set, claim, better, baseline, metric, seeds, mean_difference,
+    ci95 (half-width), low, high, verdict.
+    """
+    out = []
+    for (task, test_set), sub in rows.groupby(["task", "test_set"], sort=False):
+        for claim, better, baseline in claims:
+            for metric, sign in BETTER.items():
+                table = sub[sub.variant.isin([better, baseline])].pivot_table(
+                    index="seed", columns="variant", values=metric, aggfunc="first")
+                if better not in table or baseline not in table:
+                    continue
+                diff = (table[better] - table[baseline]).dropna().to_numpy()
+                if not diff.size:
+                    continue
+                mean, half = mean_confidence_interval(diff, level)
+                low, high = mean - half, mean + half
+                if np.isfinite(half) and sign * low > 0:
+                    verdict = "replicates"
+                elif np.isfinite(half) and sign * high < 0:
+                    verdict = "reversed"
+                else:
+                    verdict = "undecided"
+                out.append(dict(task=task, test_set=test_set, claim=claim, better=better, baseline=baseline,
+                                metric=metric, seeds=int(diff.size), mean_difference=mean, ci95=half,
+                                low=low, high=high, verdict=verdict))
+    return pd.DataFrame(out, columns=["task", "test_set", "claim", "better", "baseline", "metric", "seeds",
+                                      "mean_difference", "ci95", "low", "high", "verdict"])
+
+
+def seed_summary(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Mean and Student-t confidence half-width over seeds of score and Semantic Distance per (task, variant,
+    test set), in the order the rows come (the loss and weighting columns, when present, carried along). A
+    single seed has no interval: half-width NaN."""
+    out = []
+    for (task, variant, test_set), sub in rows.groupby(["task", "variant", "test_set"], sort=False):
+        score, score_ci = mean_confidence_interval(sub.score, level)
+        sd, sd_ci = mean_confidence_interval(sub.semantic_distance, level)
+        extra = {key: sub[key].iloc[0] for key in ("loss", "weighting") if key in sub}
+        out.append(dict(task=task, variant=variant, test_set=test_set, **extra, seeds=int(len(sub)), score=score,
+                        score_ci95=score_ci, semantic_distance=sd, semantic_distance_ci95=sd_ci))
+    return pd.DataFrame(out)

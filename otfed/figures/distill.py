@@ -59,14 +59,20 @@ def bias_figure(table: pd.DataFrame) -> plt.Figure:
 
 def results_table(rows: pd.DataFrame) -> pd.DataFrame:
     """KNOT tables 2–4 layout: one row per variant, per test set its score (macro-F1 or accuracy) and
-    Semantic Distance (SD, lower is better)."""
+    Semantic Distance (SD, lower is better) — and, for rows summarised over seeds (columns ``score_ci95``,
+    ``semantic_distance_ci95``), the 95% CI half-width of each (``±``)."""
     sets = list(dict.fromkeys(rows.test_set))
     variants = list(dict.fromkeys(rows.variant))
     out = pd.DataFrame({"variant": variants})
+    with_ci = "score_ci95" in rows
     for s in sets:
         sub = rows[rows.test_set == s].set_index("variant")
         out[f"{s} score"] = sub.score.reindex(variants).to_numpy()
+        if with_ci:
+            out[f"{s} score ±"] = sub.score_ci95.reindex(variants).to_numpy()
         out[f"{s} SD"] = sub.semantic_distance.reindex(variants).to_numpy()
+        if with_ci:
+            out[f"{s} SD ±"] = sub.semantic_distance_ci95.reindex(variants).to_numpy()
     return out
 
 
@@ -108,8 +114,9 @@ def expected_label_boxplots(probabilities: Mapping[str, Mapping[str, np.ndarray]
 
 def sinkhorn_vs_entropy(rows: pd.DataFrame, test_set: str = "ALL") -> plt.Figure:
     """Score and Semantic Distance on ``test_set`` of Sinkhorn vs Entropy for each weighting, per task (KNOT
-    tables 2–4): one dot per (loss, weighting), the undistilled global model as a dashed line. Dots, not
-    bars: the differences are a few hundredths, invisible on bars that must start at zero."""
+    tables 2–4): one dot per (loss, weighting) — the mean over seeds with its 95% CI as a bar when the rows
+    carry ``score_ci95`` / ``semantic_distance_ci95`` — and the undistilled global model as a dashed line.
+    Dots, not bars: the differences are a few hundredths, invisible on bars that must start at zero."""
     glob = rows[(rows.test_set == test_set) & rows.variant.astype(str).str.startswith("global")]
     rows = rows[(rows.test_set == test_set) & rows.loss.isin(["sinkhorn", "kl"])
                 & ~rows.variant.str.endswith("onehot")]
@@ -123,9 +130,10 @@ def sinkhorn_vs_entropy(rows: pd.DataFrame, test_set: str = "ALL") -> plt.Figure
                                              ("semantic_distance", "Semantic Distance ↓")]):
             ax = axes[i, j]
             for k, (loss, name, color, marker) in enumerate(styles):
-                vals = sub[sub.loss == loss].set_index("weighting")[metric].reindex(weightings).to_numpy()
-                ax.plot(np.arange(len(weightings)) + (k - 0.5) * 0.2, vals, ls="none", marker=marker, ms=7,
-                        color=color, label=name)
+                mine = sub[sub.loss == loss].set_index("weighting").reindex(weightings)
+                err = mine[f"{metric}_ci95"].to_numpy() if f"{metric}_ci95" in mine else None
+                ax.errorbar(np.arange(len(weightings)) + (k - 0.5) * 0.2, mine[metric].to_numpy(), yerr=err,
+                            ls="none", marker=marker, ms=7, capsize=3, color=color, label=name)
             g = glob[glob.task == task][metric]
             if len(g):
                 ax.axhline(float(g.iloc[0]), color="k", lw=0.8, ls="--", label="global model (no distillation)")
@@ -137,4 +145,40 @@ def sinkhorn_vs_entropy(rows: pd.DataFrame, test_set: str = "ALL") -> plt.Figure
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+VERDICT_COLORS = {"replicates": "tab:green", "reversed": "tab:red", "undecided": "tab:gray"}
+
+
+def claims_figure(claims: pd.DataFrame) -> plt.Figure:
+    """The papers' claims as paired differences over seeds (``otfed.distill.evaluation.paired_claims``): per
+    task (columns) and metric (rows: score ↑, Semantic Distance ↓), one line per claim — the mean difference
+    better − baseline with its 95% CI, coloured by verdict (green: the CI excludes 0 on the papers' side,
+    red: on the other side, grey: undecided). The papers claim differences right of 0 for the score and
+    left of 0 for Semantic Distance."""
+    tasks = list(dict.fromkeys(claims.task)) or [""]
+    names = list(dict.fromkeys(claims.claim))
+    fig, axes = plt.subplots(2, len(tasks), figsize=(4.6 * len(tasks), 0.32 * max(len(names), 1) * 2 + 2.2),
+                             squeeze=False)
+    for j, task in enumerate(tasks):
+        for i, (metric, title) in enumerate([("score", "Δ score (papers: > 0)"),
+                                             ("semantic_distance", "Δ Semantic Distance (papers: < 0)")]):
+            ax = axes[i, j]
+            sub = claims[(claims.task == task) & (claims.metric == metric)].set_index("claim").reindex(names)
+            y = np.arange(len(names))[::-1]
+            for yy, r in zip(y, sub.itertuples()):
+                if pd.isna(r.mean_difference):
+                    continue
+                err = 0.0 if pd.isna(r.ci95) else r.ci95
+                ax.errorbar(r.mean_difference, yy, xerr=err, fmt="o", capsize=3,
+                            color=VERDICT_COLORS.get(r.verdict, "k"))
+            ax.axvline(0.0, color="k", lw=0.8)
+            ax.set_yticks(y, names if j == 0 else [""] * len(names), fontsize=7)
+            ax.set_title(f"{str(task).upper()}: {title}", fontsize=9)
+            ax.grid(axis="x", lw=0.3)
+    for verdict, color in VERDICT_COLORS.items():
+        axes[0, 0].plot([], [], "o", color=color, label=verdict)
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig

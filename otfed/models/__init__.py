@@ -9,24 +9,31 @@ Public names (implementation modules in parentheses):
 
 - ``train_wordpiece``, ``vocabulary`` — a deterministic BERT-style WordPiece tokenizer trained on a
   party's texts; its vocabulary in id order (for the probability bias, KNOT app. D.1)   (tokenizer)
-- ``ModelSpec``, ``MODEL_KINDS`` — the architecture: "bert", "distilbert" or "checkpoint"; also the
-  ``train_teachers.model`` params group                                                        (text)
+- ``ModelSpec``, ``MODEL_KINDS`` — the architecture: "bert", "distilbert", "checkpoint" or "bow"; also
+  the ``train_teachers.model`` params group                                                    (text)
+- ``BagOfWordsClassifier`` — kind "bow": mean of word-piece (+ hashed bigram) embeddings → MLP, a fast
+  non-transformer teacher; saved as a state dict + JSON config                                  (bow)
 - ``Text`` — one input: a string or a (first, second) pair such as NLI's premise/hypothesis  (text)
 - ``TextClassifier`` — tokenizer + model + max_length: ``encode``, ``logits``, ``predict_proba``
   (``predict_proba_tensor``: the same, left on the model's device), ``save`` / ``load``          (text)
 - ``build_classifier`` — a fresh seeded classifier for a spec                                  (text)
 - ``TrainingConfig``, ``train_classifier``, ``TrainResult``, ``predict_labels`` — cross-entropy training
-  with early stopping on validation macro-F1 (``TrainingConfig`` is also the
-  ``train_teachers.training`` params group)                                                (training)
+  (optionally class-balanced: ``class_weights``) with early stopping on validation macro-F1 or the last
+  epoch kept (``TrainingConfig`` is also the ``train_teachers.training`` params group)       (training)
+- ``MLMConfig``, ``pretrain_mlm`` — masked-language-model pretraining of a shared BERT encoder on
+  in-domain texts, saved for ``ModelSpec(kind="checkpoint")``                             (pretraining)
 - ``seeded_dropout`` — dropout from a private generator (thread-safe reproducibility)      (training)
 """
 
+from otfed.models.bow import BagOfWordsClassifier
 from otfed.models.text import MODEL_KINDS, ModelSpec, Text, TextClassifier, build_classifier, resolve_device
 from otfed.models.tokenizer import train_wordpiece, vocabulary
-from otfed.models.training import (EPOCH_KEYS, TrainingConfig, TrainResult, predict_labels, seeded_dropout,
-                                   train_classifier)
+from otfed.models.training import (EPOCH_KEYS, TrainingConfig, TrainResult, class_weights, predict_labels,
+                                   seeded_dropout, train_classifier)
+from otfed.models.pretraining import MLMConfig, pretrain_mlm
 
 __all__ = [
+    "BagOfWordsClassifier",
     "MODEL_KINDS",
     "ModelSpec",
     "Text",
@@ -39,6 +46,9 @@ __all__ = [
     "TrainingConfig",
     "TrainResult",
     "train_classifier",
+    "class_weights",
+    "MLMConfig",
+    "pretrain_mlm",
     "predict_labels",
     "seeded_dropout",
 ]

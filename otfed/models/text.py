@@ -9,7 +9,11 @@ a classifier, and allows the teachers to differ in architecture. Nothing is down
 - ``kind="distilbert"`` — ``DistilBertForSequenceClassification`` of the same size (n_layers, dim,
   n_heads, hidden_dim), a second architecture for heterogeneous teachers;
 - ``kind="checkpoint"`` — any local Hugging Face directory (config.json + weights + tokenizer files),
-  loaded with ``local_files_only=True``; a classification head of the wrong size is re-initialised.
+  loaded with ``local_files_only=True``; a classification head of the wrong size is re-initialised
+  (e.g. an encoder pretrained with :func:`otfed.models.pretraining.pretrain_mlm`);
+- ``kind="bow"`` — :class:`~otfed.models.bow.BagOfWordsClassifier`, a fastText-style mean of word-piece (and
+  optionally hashed-bigram) embeddings + MLP over the same per-party WordPiece vocabulary: a fast third
+  architecture.
 
 Random initialisation draws from a private ``torch.Generator`` seeded by the caller (never torch's
 global RNG, which other threads of a stage share): the same seed gives identical weights.
@@ -31,10 +35,11 @@ from tqdm.auto import tqdm
 from otfed.errors import ConfigError, DataFileError
 from otfed.io import staged_directory, write_json
 from otfed.device import resolve_device as resolve_device_name, to_device
+from otfed.models.bow import BagOfWordsClassifier, BowConfig, initialise_bow, load_bow, save_bow
 from otfed.models.tokenizer import train_wordpiece
 from otfed.schema import Strict
 
-ModelKind = Literal["bert", "distilbert", "checkpoint"]
+ModelKind = Literal["bert", "distilbert", "checkpoint", "bow"]
 MODEL_KINDS: tuple[str, ...] = get_args(ModelKind)
 
 #: The file :meth:`TextClassifier.save` writes beside the Hugging Face files.
@@ -45,6 +50,10 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                     "sentencepiece.bpe.model", "tokenizer.model")
 _INIT_STD = 0.02  # BERT's initializer_range
+
+#: kind="bow": hashed-bigram embedding rows when ``ModelSpec.buckets`` is None, and the most hidden layers.
+BOW_DEFAULT_BUCKETS = 0  # bigrams measured no better on SA (bench/teacher_options) and 2–3× slower
+BOW_MAX_LAYERS = 4
 
 #: One input of a classifier: a text, or a (first, second) pair of texts (NLI premise and hypothesis).
 Text = Union[str, tuple[str, str]]
@@ -77,6 +86,13 @@ class ModelSpec(Strict):
     embeddings of a model built here). ``vocab_size`` caps the WordPiece vocabulary trained on the
     party's texts (ignored for ``"checkpoint"``). ``checkpoint`` is a local Hugging Face directory,
     required for — and only for — ``kind="checkpoint"``.
+
+    ``kind="bow"`` (:mod:`otfed.models.bow`) reads ``hidden`` (embedding and hidden-layer width), ``layers``
+    (hidden layers between the bag and the classifier, at most :data:`BOW_MAX_LAYERS`), ``dropout``,
+    ``max_length`` (word pieces read per text; a bag has no positions, so longer budgets cost little),
+    ``vocab_size`` and ``buckets`` (rows of hashed word-piece bigram embeddings; None →
+    :data:`BOW_DEFAULT_BUCKETS` = 0, unigrams only). It does not read ``heads`` or ``intermediate`` (nor
+    checks hidden % heads); ``buckets`` must stay None for the other kinds.
     """
 
     kind: ModelKind = "bert"
@@ -88,6 +104,8 @@ class ModelSpec(Strict):
     max_length: int = Field(128, ge=8, le=4096, description="Tokens per input (the papers clip at 200).")
     vocab_size: int = Field(8000, ge=100, le=200000, description="WordPiece vocabulary trained per party.")
     checkpoint: str | None = Field(None, description="kind=checkpoint: a local Hugging Face model directory.")
+    buckets: int | None = Field(None, ge=0, le=4_000_000,
+                                description="kind=bow: hashed bigram embeddings (None: 0, unigrams only).")
 
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
@@ -95,9 +113,19 @@ class ModelSpec(Strict):
             raise ValueError("kind 'checkpoint' needs checkpoint: <a local Hugging Face model directory>")
         if self.kind != "checkpoint" and self.checkpoint is not None:
             raise ValueError(f"checkpoint is only read with kind 'checkpoint' (kind is {self.kind!r})")
-        if self.hidden % self.heads:
+        if self.kind != "bow" and self.buckets is not None:
+            raise ValueError(f"buckets is only read with kind 'bow' (kind is {self.kind!r})")
+        if self.kind == "bow":
+            if self.layers > BOW_MAX_LAYERS:
+                raise ValueError(f"layers: kind 'bow' takes 1..{BOW_MAX_LAYERS} hidden layers (got {self.layers})")
+        elif self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         return self
+
+    @property
+    def bow_buckets(self) -> int:
+        """Hashed bigram rows of a ``kind="bow"`` model: ``buckets``, or :data:`BOW_DEFAULT_BUCKETS` if None."""
+        return BOW_DEFAULT_BUCKETS if self.buckets is None else self.buckets
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -107,7 +135,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 class TextClassifier:
-    """A tokenizer + sequence-classification model + token budget: one party's model (SPEC §1).
+    """A tokenizer + sequence-classification model + token budget: one party's model (SPEC §1). The model is a
+    ``transformers`` one or a :class:`~otfed.models.bow.BagOfWordsClassifier` (same forward/``config`` shape).
 
     ``labels`` names the C output columns in order. :meth:`logits` is differentiable (the caller sets
     train/eval mode); :meth:`predict_proba` runs in eval mode without gradients. Tokenisation is
@@ -261,13 +290,18 @@ class TextClassifier:
     # ------------------------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:
         """Write the model, the tokenizer (``save_pretrained``) and ``otfed_classifier.json`` (spec,
-        labels, max_length) to ``directory``, atomically: built beside it, then swapped in."""
+        labels, max_length, architecture) to ``directory``, atomically: built beside it, then swapped in.
+        A Hugging Face model is written with ``save_pretrained``; a bag-of-words model as its state dict
+        (``model.safetensors``) + ``bow_config.json`` (:func:`otfed.models.bow.save_bow`)."""
         directory = Path(directory)
         meta = {"labels": list(self.labels), "max_length": self.max_length,
                 "spec": None if self.spec is None else self.spec.model_dump(),
                 "architecture": type(self.model).__name__}
         with staged_directory(directory) as tmp:
-            self.model.save_pretrained(tmp)
+            if isinstance(self.model, BagOfWordsClassifier):  # not a Hugging Face model: state dict + JSON config
+                save_bow(self.model, tmp)
+            else:
+                self.model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
             write_json(meta, tmp / META_FILE)
         return directory
@@ -290,10 +324,15 @@ class TextClassifier:
         if meta.get("spec"):
             known = set(ModelSpec.model_fields)
             spec = ModelSpec(**{k: v for k, v in meta["spec"].items() if k in known})
-        tokenizer, model, info = _load_pretrained(directory, labels, output_loading_info=True, strict=True)
-        incomplete = sorted(set(info.get("missing_keys", ())) | {str(k[0]) for k in info.get("mismatched_keys", ())})
-        if incomplete:
-            raise DataFileError(f"{directory}: saved weights lack or mis-shape {', '.join(incomplete)}")
+        if meta.get("architecture") == BagOfWordsClassifier.__name__:
+            model = load_bow(directory)
+            tokenizer = _load_tokenizer(directory)
+        else:
+            tokenizer, model, info = _load_pretrained(directory, labels, output_loading_info=True, strict=True)
+            incomplete = sorted(set(info.get("missing_keys", ())) |
+                                {str(k[0]) for k in info.get("mismatched_keys", ())})
+            if incomplete:
+                raise DataFileError(f"{directory}: saved weights lack or mis-shape {', '.join(incomplete)}")
         model.eval()
         return cls(model, tokenizer, labels, max_length, spec).to(device)
 
@@ -310,7 +349,9 @@ def build_classifier(spec: ModelSpec, labels: Sequence[str], train_texts: Sequen
     ``bert``/``distilbert``: a WordPiece tokenizer trained on ``train_texts`` and a randomly initialised
     model of ``spec``'s size with ``len(labels)`` outputs — BERT's initialisation (linear and embedding
     weights ~ N(0, 0.02²), biases 0, LayerNorm 1/0, padding embedding 0) drawn from a generator seeded
-    with ``seed``, so the same seed gives identical weights. ``checkpoint``: the tokenizer and model of
+    with ``seed``, so the same seed gives identical weights. ``bow``: the same tokenizer and a
+    :class:`~otfed.models.bow.BagOfWordsClassifier` (pair features when ``train_texts`` are pairs),
+    initialised by :func:`~otfed.models.bow.initialise_bow` from the seeded generator. ``checkpoint``: the tokenizer and model of
     the local directory ``spec.checkpoint``; a head whose size does not fit ``labels`` (or is absent) is
     re-initialised the same seeded way. Raises :class:`~otfed.errors.DataFileError` naming the
     directory and the missing file.
@@ -331,10 +372,14 @@ def build_classifier(spec: ModelSpec, labels: Sequence[str], train_texts: Sequen
         if not texts:
             raise ValueError(f"kind {spec.kind!r} trains its WordPiece vocabulary on train_texts: none given")
         tokenizer = train_wordpiece(flatten_texts(texts), vocab_size=spec.vocab_size)
-        model = _fresh_model(spec, labels, tokenizer)
-        uncovered = _initialise(model, generator)
-        if uncovered:  # cannot happen for BERT/DistilBERT: every parameter is a Linear/Embedding/LayerNorm one
-            raise RuntimeError(f"parameters without a seeded initialisation: {uncovered}")
+        if spec.kind == "bow":
+            model = _fresh_bow(spec, labels, tokenizer, pairs=_split_texts(texts)[1] is not None)
+            initialise_bow(model, generator)
+        else:
+            model = _fresh_model(spec, labels, tokenizer)
+            uncovered = _initialise(model, generator)
+            if uncovered:  # cannot happen for BERT/DistilBERT: every parameter is a Linear/Embedding/LayerNorm one
+                raise RuntimeError(f"parameters without a seeded initialisation: {uncovered}")
     tokenizer.model_max_length = spec.max_length
     model.eval()
     return TextClassifier(model, tokenizer, labels, spec.max_length, spec).to(device)
@@ -366,19 +411,30 @@ def _fresh_model(spec: ModelSpec, labels: Sequence[str], tokenizer) -> nn.Module
     return DistilBertForSequenceClassification(config)
 
 
+def _fresh_bow(spec: ModelSpec, labels: Sequence[str], tokenizer, pairs: bool) -> BagOfWordsClassifier:
+    """A bag-of-words model of ``spec``'s size over ``tokenizer``'s vocabulary (weights still to initialise)."""
+    return BagOfWordsClassifier(BowConfig(
+        vocab_size=len(tokenizer), hidden=spec.hidden, num_labels=len(labels), layers=spec.layers,
+        buckets=spec.bow_buckets, dropout=spec.dropout, pairs=pairs, pad_token_id=tokenizer.pad_token_id,
+        **_label_maps(labels)))
+
+
 @torch.no_grad()
 def _initialise(model: nn.Module, generator: torch.Generator, only: set[str] | None = None) -> list[str]:
     """BERT's initialisation, drawn from ``generator`` (CPU) in module order, of every parameter of
     ``model`` — or of the parameters named in ``only``: Linear/Embedding weights ~ N(0, std²) (std =
     config.initializer_range, else 0.02), biases 0, an Embedding's padding row 0, LayerNorm weight 1
-    and bias 0. Returns the names of the parameters in scope it did not know how to initialise."""
+    and bias 0; a parameter shared by two modules (tied weights) only once, at its first module. Returns the
+    names of the parameters in scope it did not know how to initialise."""
     std = float(getattr(getattr(model, "config", None), "initializer_range", None) or _INIT_STD)
     left: list[str] = []
+    seen: set[int] = set()  # a tied parameter (an MLM decoder's = the word embeddings) is drawn once
     for mname, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             full = f"{mname}.{pname}" if mname else pname
-            if only is not None and full not in only:
+            if (only is not None and full not in only) or id(param) in seen:
                 continue
+            seen.add(id(param))
             if isinstance(module, (nn.Linear, nn.Embedding)) and pname == "weight":
                 draw = torch.randn(param.shape, generator=generator, dtype=torch.float32)
                 param.copy_(draw.to(param.dtype) * std)
@@ -403,6 +459,18 @@ def _check_checkpoint_dir(directory: Path) -> None:
         raise DataFileError(f"{directory}: no model weights (expected one of {', '.join(_WEIGHT_FILES)})")
     if not any((directory / f).is_file() for f in _TOKENIZER_FILES):
         raise DataFileError(f"{directory}: no tokenizer files (expected one of {', '.join(_TOKENIZER_FILES)})")
+
+
+def _load_tokenizer(directory: Path):
+    """The fast tokenizer ``save_pretrained`` wrote to ``directory`` (a bag-of-words classifier's), offline."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not (directory / "tokenizer.json").is_file():
+        raise DataFileError(f"{directory / 'tokenizer.json'}: missing — the classifier's tokenizer")
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataFileError(f"{directory}: cannot load the tokenizer ({exc})") from exc
 
 
 def _load_pretrained(directory: Path, labels: Sequence[str], output_loading_info: bool = False,

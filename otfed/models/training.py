@@ -4,7 +4,11 @@ SPEC §1 ("Teachers: cross-entropy; model = BERT-tiny-sized encoder + classifier
 by grid; 20 epochs"; KNOT §6): each client fits its teacher on its private labelled texts with the
 cross-entropy loss, and the server pretrains the global model the same way on its own labelled set
 before distillation (learning without forgetting). :func:`train_classifier` does this with AdamW,
-early stopping on validation macro-F1 and the best epoch's weights restored.
+early stopping on validation macro-F1 and the best epoch's weights restored — or, with
+``select="last"``, all epochs and the last weights (a validation set of a few hundred rows carries only
+a handful of the rare labels, too few to choose an epoch on) — optionally with the cross-entropy
+weighted by inverse label frequency (``class_balanced``: SA's reviews are ~2/3 five-star, and an
+unweighted teacher scores its macro-F1 mostly on the majority label).
 
 **No global RNG.** Stages train several parties in threads of one process, and torch's global
 generator is shared by all of them; so mini-batch order comes from a private ``torch.Generator``, and
@@ -28,12 +32,12 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -198,7 +202,11 @@ class TrainingConfig(Strict):
     stopping on validation macro-F1 — also the ``train_teachers.training`` params group.
 
     ``patience``: epochs without a strictly better validation macro-F1 before stopping (None: run all
-    ``epochs``).
+    ``epochs``). ``select``: which epoch's weights are kept — ``"best_val"`` the epoch of the best
+    validation macro-F1 (restored at the end), ``"last"`` the last epoch's (no choice is made on the
+    validation set, which is still scored each epoch and may then be empty; needs ``patience: None``).
+    ``class_balanced``: weight the cross-entropy by inverse training-label frequency
+    (:func:`class_weights`), so that a rare label counts as much as a frequent one (the balanced risk).
     """
 
     epochs: int = Field(5, ge=1, le=1000)
@@ -207,11 +215,22 @@ class TrainingConfig(Strict):
     weight_decay: float = Field(0.01, ge=0.0, le=1.0)
     patience: int | None = Field(2, ge=1, le=1000,
                                  description="Epochs without a better validation macro-F1 before stopping.")
+    select: Literal["best_val", "last"] = Field(
+        "best_val", description="Weights kept: the best validation macro-F1 epoch's, or the last epoch's.")
+    class_balanced: bool = Field(False, description="Cross-entropy weighted by inverse training-label frequency.")
+
+    @model_validator(mode="after")
+    def _selection(self) -> "TrainingConfig":
+        if self.select == "last" and self.patience is not None:
+            raise ValueError(f"patience must be null when select is 'last' (got {self.patience}): early stopping "
+                             "would choose the stopping epoch on the validation set")
+        return self
 
 
 @dataclass
 class TrainResult:
-    """Outcome of :func:`train_classifier`: the restored (best) epoch, its validation macro-F1, and one
+    """Outcome of :func:`train_classifier`: the epoch whose weights were kept (the best validation epoch, or
+    the last one with ``select="last"``), its validation macro-F1 (NaN without validation texts), and one
     record per epoch run with keys :data:`EPOCH_KEYS`."""
 
     best_epoch: int
@@ -230,6 +249,33 @@ def _label_array(labels, n: int, n_labels: int, what: str) -> np.ndarray:
     if n and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= n_labels):
         raise ValueError(f"{what}: labels must be integers in 0..{n_labels - 1}")
     return y.astype(np.int64)
+
+
+def class_weights(labels: Sequence[int] | np.ndarray, n_labels: int) -> np.ndarray:
+    """Per-label weights of the class-balanced cross-entropy: w_c = n / (C′ · n_c) for the C′ labels present
+    among the n training labels (n_c of label c), and 0 for a label absent from them (it has no example
+    to weight). Then Σ_i w_{y_i} = n — the mean weight of a training example is 1, so the loss keeps the
+    scale of the plain cross-entropy — and (1/n) Σ_i w_{y_i} ℓ_i = (1/C′) Σ_c mean_{i: y_i = c} ℓ_i, the
+    mean over present labels of each label's mean loss (the balanced risk; cf. sklearn's
+    ``class_weight="balanced"``)."""
+    y = np.asarray(labels, dtype=np.int64)
+    if y.size == 0:
+        raise ValueError("class weights need at least one label")
+    counts = np.bincount(y, minlength=n_labels).astype(np.float64)
+    present = counts > 0
+    weights = np.zeros(n_labels, dtype=np.float64)
+    weights[present] = y.size / (present.sum() * counts[present])
+    return weights
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy of a mini-batch, (1/|B|) Σ_i w_{y_i} · (−log softmax(z_i)_{y_i}) — with ``weights``
+    None, the plain mean (w ≡ 1). Divided by the batch size, not by Σ w: an unbiased mini-batch estimate of
+    the full-data weighted loss of :func:`class_weights`."""
+    if weights is None:
+        return F.cross_entropy(logits, targets)
+    losses = F.cross_entropy(logits, targets, reduction="none")
+    return (weights[targets] * losses).mean()
 
 
 def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -259,22 +305,27 @@ def train_classifier(
     Labels are column indices 0..C−1 of ``clf.labels``; ``config`` defaults to ``TrainingConfig()``. Each
     epoch: shuffled mini-batches of ``config.batch_size`` (order from a generator seeded with ``seed``), AdamW
     (``config.lr``, ``config.weight_decay`` on weight matrices), dropout from a private generator
-    (:func:`seeded_dropout`); then the validation macro-F1 (over all C labels) and accuracy. Stops after
-    ``config.patience`` epochs without a strictly better validation macro-F1 (None: run all ``config.epochs``)
-    and restores the best epoch's weights; the model is left in eval mode. Texts are tokenised once.
+    (:func:`seeded_dropout`), the cross-entropy weighted by :func:`class_weights` of the training labels when
+    ``config.class_balanced`` (:func:`cross_entropy`); then the validation macro-F1 (over all C labels) and
+    accuracy. With ``config.select="best_val"`` it stops after ``config.patience`` epochs without a strictly
+    better validation macro-F1 (None: run all ``config.epochs``) and restores the best epoch's weights; with
+    ``"last"`` it runs every epoch and keeps the last weights (validation texts may then be empty: their
+    scores are NaN). The model is left in eval mode. Texts are tokenised once.
     ``on_epoch`` receives each epoch's record (keys :data:`EPOCH_KEYS`) as it ends; a tqdm bar per epoch shows
     progress unless ``progress=False``. The same seed and inputs give identical weights on CPU.
     """
     config = TrainingConfig() if config is None else config
     epochs, batch_size, lr, weight_decay, patience = (config.epochs, config.batch_size, config.lr,
                                                       config.weight_decay, config.patience)
+    keep_last = config.select == "last"
     name = description or "classifier"
     if eval_batch_size < 1:
         raise ValueError(f"eval_batch_size must be ≥ 1 (got {eval_batch_size})")
     if not len(train_texts):
         raise DegenerateClientError(f"{name}: no training texts")
-    if not len(val_texts):
-        raise DegenerateClientError(f"{name}: no validation texts (early stopping needs them)")
+    if not len(val_texts) and not keep_last:
+        raise DegenerateClientError(f"{name}: no validation texts (early stopping needs them; "
+                                    "select: last does not)")
     y_train = _label_array(train_labels, len(train_texts), clf.n_labels, f"{name} train_labels")
     y_val = _label_array(val_labels, len(val_texts), clf.n_labels, f"{name} val_labels")
 
@@ -282,6 +333,8 @@ def train_classifier(
     val_features = clf.pretokenize(val_texts)
     device = clf.device
     targets = torch.as_tensor(y_train, device=device)
+    label_weights = (torch.as_tensor(class_weights(y_train, clf.n_labels), dtype=torch.float32, device=device)
+                     if config.class_balanced else None)
     order_rng = torch.Generator().manual_seed(int(seed))
     dropout_rng = torch.Generator(device=device).manual_seed(
         int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(int(seed) + 1))))
@@ -293,15 +346,20 @@ def train_classifier(
         for epoch in range(1, epochs + 1):
             start_time = time.perf_counter()
             epoch_loss = _train_epoch(clf, features, targets, order_rng, optimizer, batch_size,
-                                      f"{name} epoch {epoch}/{epochs}", progress)
-            probs = clf.predict_proba_features(val_features, batch_size=eval_batch_size)
-            record = {"epoch": epoch, "train_loss": epoch_loss.mean(),
-                      "val_macro_f1": macro_f1(y_val, probs, n_labels=clf.n_labels),
-                      "val_accuracy": accuracy(y_val, probs),
-                      "seconds": time.perf_counter() - start_time}
+                                      f"{name} epoch {epoch}/{epochs}", progress, label_weights)
+            if val_features:
+                probs = clf.predict_proba_features(val_features, batch_size=eval_batch_size)
+                val_f1, val_acc = macro_f1(y_val, probs, n_labels=clf.n_labels), accuracy(y_val, probs)
+            else:
+                val_f1 = val_acc = float("nan")
+            record = {"epoch": epoch, "train_loss": epoch_loss.mean(), "val_macro_f1": val_f1,
+                      "val_accuracy": val_acc, "seconds": time.perf_counter() - start_time}
             history.append(record)
             if on_epoch is not None:
                 on_epoch(dict(record))
+            if keep_last:
+                best_score, best_epoch = record["val_macro_f1"], epoch
+                continue
             if record["val_macro_f1"] > best_score:
                 best_score, best_epoch, since_best = record["val_macro_f1"], epoch, 0
                 best_state = {k: v.detach().clone() for k, v in clf.model.state_dict().items()}
@@ -309,16 +367,19 @@ def train_classifier(
                 since_best += 1
             if patience is not None and since_best >= patience and epoch < epochs:
                 break
-    clf.model.load_state_dict(best_state)
+    if best_state is not None:
+        clf.model.load_state_dict(best_state)
     clf.model.eval()
     return TrainResult(best_epoch=best_epoch, best_score=float(best_score), history=history)
 
 
 def _train_epoch(clf: TextClassifier, features: Sequence[dict], targets: torch.Tensor, order_rng: torch.Generator,
-                 optimizer: torch.optim.Optimizer, batch_size: int, description: str, progress: bool) -> EpochLoss:
-    """One pass of cross-entropy steps over shuffled mini-batches (order from ``order_rng``); returns the summed
-    loss, still on the device. Nothing in it waits for a GPU (module docstring): the order is moved to the
-    device once, to index ``targets`` (on the device) there, while the texts are picked on the host."""
+                 optimizer: torch.optim.Optimizer, batch_size: int, description: str, progress: bool,
+                 label_weights: torch.Tensor | None = None) -> EpochLoss:
+    """One pass of (optionally class-weighted, :func:`cross_entropy`) cross-entropy steps over shuffled
+    mini-batches (order from ``order_rng``); returns the summed loss, still on the device. Nothing in it waits
+    for a GPU (module docstring): the order is moved to the device once, to index ``targets`` (on the device)
+    there, while the texts are picked on the host."""
     n = len(features)
     clf.model.train()
     order = torch.randperm(n, generator=order_rng)
@@ -329,7 +390,7 @@ def _train_epoch(clf: TextClassifier, features: Sequence[dict], targets: torch.T
     for start in bar:
         idx = rows[start:start + batch_size]
         logits = clf.logits(clf.collate([features[i] for i in idx]))
-        loss = F.cross_entropy(logits, targets[on_device[start:start + batch_size]])
+        loss = cross_entropy(logits, targets[on_device[start:start + batch_size]], label_weights)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

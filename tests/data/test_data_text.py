@@ -391,3 +391,52 @@ def test_load_errors_name_file_and_column(feds, tmp_path):
     parties.to_csv(tmp_path / "sa" / "parties.csv.gz", index=False)
     with pytest.raises(DataFileError, match=r"parties\.csv\.gz: missing column\(s\) 'label'"):
         load_text_federation(tmp_path / "sa")
+
+
+# --------------------------------------------------------------- unequal sizes, held-out transfer texts
+def test_held_out_transfer_comes_from_spare_train_rows_only():
+    """``transfer: null`` draws the transfer texts from rows of the labelled parties' own train splits that
+    no party trains on: disjoint from every train / val / test split (checked on the raw CSV's row ids),
+    spread as evenly over the parties as their spare rows allow, and deterministic in the seed."""
+    sizes = {"cell_phones": 1500, "musical_instruments": 600, "digital_music": 250, "baby": 100}
+    spec = default_spec("sa", transfer=None, max_train=2000, max_eval=300, max_transfer=1200, train_sizes=sizes)
+    fed = build_text_federation(spec, RAW, seed=0)
+    assert {p.name: len(p.train) for p in fed.parties} == sizes
+    assert fed.transfer_source == "amazon_categories/held_out" and len(fed.transfer_texts) == 1200
+    frame = raw("amazon_categories")
+    used = {i for p in fed.parties for s in SPLITS for i in p.split(s).ids}
+    row_of_text = {}
+    for row, text in zip(frame.index, frame.text):
+        row_of_text.setdefault(text, []).append(row)
+    # every transfer text is a raw row of a labelled party's domain that is in no split
+    domain = dict(zip(frame.index, frame.domain))
+    parties = [p.name for p in fed.parties]
+    per_party = dict.fromkeys(parties, 0)
+    for text in fed.transfer_texts:
+        rows = [r for r in row_of_text[text] if f"sentiment_amazon_categories:{r}" not in used]
+        assert rows and domain[rows[0]] in parties
+        per_party[domain[rows[0]]] += 1
+    assert per_party == dict.fromkeys(parties, 300)  # 1,200 over 4 parties with ≥ 300 spare rows each
+    assert build_text_federation(spec, RAW, seed=0).transfer_texts == fed.transfer_texts
+    assert build_text_federation(spec, RAW, seed=1).transfer_texts != fed.transfer_texts
+
+
+def test_held_out_transfer_shares_a_full_pools_surplus():
+    from otfed.data.text.build import held_out_transfer
+
+    pools = [TextSplit([f"{k}-{i}" for i in range(n)], np.zeros(n, dtype=int)) for k, n in enumerate([2, 10, 10])]
+    texts = held_out_transfer(pools, 12, np.random.default_rng(0))
+    assert [sum(t.startswith(f"{k}-") for t in texts) for k in range(3)] == [2, 5, 5]
+    assert len(set(texts)) == 12
+    assert len(held_out_transfer(pools, None, np.random.default_rng(0))) == 22
+    assert len(held_out_transfer(pools, 50, np.random.default_rng(0))) == 22
+
+
+def test_train_sizes_name_parties_and_no_spare_rows_is_an_error():
+    with pytest.raises(ValueError, match=r"train_sizes: grocery not a party of this task; parties: cell_phones"):
+        default_spec("sa", train_sizes={"grocery": 10})
+    with pytest.raises(ValueError, match="sizes must be integers ≥ 1"):
+        default_spec("sa", train_sizes={"baby": 0})
+    spec = default_spec("nli", transfer=None, max_train=None)  # every train row used: nothing left to transfer
+    with pytest.raises(DataFileError, match="transfer: null draws texts from the parties' spare train rows"):
+        build_text_federation(spec, RAW, seed=0)

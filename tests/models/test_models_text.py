@@ -39,7 +39,7 @@ def same_state(a: dict, b: dict) -> bool:
 
 # ------------------------------------------------------------------------------------------ spec
 @pytest.mark.parametrize("kwargs, key", [
-    ({"kind": "gpt"}, "ModelSpec: kind: Input should be 'bert', 'distilbert' or 'checkpoint'"),
+    ({"kind": "gpt"}, "ModelSpec: kind: Input should be 'bert', 'distilbert', 'checkpoint' or 'bow'"),
     ({"hidden": 30, "heads": 4}, r"ModelSpec: hidden \(30\) must be a multiple of heads \(4\)"),
     ({"dropout": 1.0}, "ModelSpec: dropout"),
     ({"layers": 0}, "ModelSpec: layers"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -179,3 +180,85 @@ def test_epoch_loss_shows_at_most_once_per_interval_and_never_on_a_disabled_bar(
     for _ in range(5):
         slow.show(shown)
     assert len(shown.postfixes) == 1  # within the hour: no further read-back
+
+
+# ------------------------------------------------------------------------------ class-balanced loss
+def test_class_weights_by_hand():
+    from otfed.models.training import class_weights
+
+    # n = 6 labels over C = 4 columns, 3 present with counts 3, 1, 2: w_c = 6 / (3 · n_c); absent label 3 → 0
+    w = class_weights([0, 0, 2, 1, 0, 2], 4)
+    assert w.tolist() == pytest.approx([6 / 9, 2.0, 1.0, 0.0])
+    assert w[[0, 0, 2, 1, 0, 2]].sum() == pytest.approx(6.0)  # mean example weight 1
+    assert class_weights([1, 1, 1], 2).tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match="at least one"):
+        class_weights([], 2)
+
+
+def test_weighted_cross_entropy_by_hand():
+    from otfed.models.training import cross_entropy
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0], [0.0, 3.0, 1.0], [1.0, 1.0, 1.0]])
+    targets = torch.tensor([0, 1, 1, 2])
+    w = torch.tensor([1.5, 0.75, 3.0])
+    nll = [-(z[y] - np.log(np.exp(z).sum())) for z, y in zip(logits.double().numpy(), targets.tolist())]
+    by_hand = (1.5 * nll[0] + 0.75 * nll[1] + 0.75 * nll[2] + 3.0 * nll[3]) / 4  # divided by |B|, not Σw
+    assert float(cross_entropy(logits, targets, w)) == pytest.approx(by_hand, rel=1e-6)
+    assert float(cross_entropy(logits, targets)) == pytest.approx(np.mean(nll), rel=1e-6)
+
+
+def test_class_balanced_training_minimises_the_weighted_loss(task, tiny_spec):
+    """One full-batch epoch without dropout: the epoch's loss is the class-weighted cross-entropy of the initial
+    model, recomputed by hand from its logits (labels made imbalanced: 3 of every 4 positives dropped)."""
+    from otfed.models.training import class_weights
+
+    tr, ytr, va, yva = task
+    keep = [i for i, y in enumerate(ytr) if y == 0 or i % 4 == 0]
+    tr, ytr = [tr[i] for i in keep], np.array([ytr[i] for i in keep])
+    spec = tiny_spec.model_copy(update=dict(dropout=0.0))
+    clf = build_classifier(spec, LABELS, tr, seed=0)
+    with torch.no_grad():
+        logits = clf.logits(clf.encode(tr)).double().numpy()
+    nll = -(logits[np.arange(len(tr)), ytr] - np.log(np.exp(logits).sum(axis=1)))
+    w = class_weights(ytr, 2)
+    assert w[1] > 1.5 > w[0]
+    for balanced, expected in [(True, np.mean(w[ytr] * nll)), (False, np.mean(nll))]:
+        clf = build_classifier(spec, LABELS, tr, seed=0)
+        result = train_classifier(clf, tr, ytr, va, yva, TrainingConfig(epochs=1, batch_size=len(tr), patience=None,
+                                                                        class_balanced=balanced), progress=False)
+        assert result.history[0]["train_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+# ----------------------------------------------------------------------------------- epoch selection
+def test_select_last_keeps_the_last_epoch_and_needs_no_validation(task, tiny_spec):
+    tr, ytr, va, yva = task
+    clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
+    snapshots = {}
+    result = train_classifier(clf, tr, ytr, va, yva, fast(epochs=6, patience=None, select="last"), seed=0,
+                              on_epoch=lambda r: snapshots.__setitem__(r["epoch"], weights(clf)), progress=False)
+    assert result.epochs_run == 6 and result.best_epoch == 6
+    assert result.best_score == result.history[-1]["val_macro_f1"]
+    assert equal(weights(clf), snapshots[6])
+    assert macro_f1(yva, predict_labels(clf, va), n_labels=2) == result.best_score
+    # the same run, choosing on validation, restores the first perfect epoch instead (not the last one)
+    again = build_classifier(tiny_spec, LABELS, tr, seed=0)
+    best = train_classifier(again, tr, ytr, va, yva, fast(epochs=6, patience=None), seed=0, progress=False)
+    assert [r["train_loss"] for r in best.history] == [r["train_loss"] for r in result.history]
+    first_best = int(np.argmax([r["val_macro_f1"] for r in result.history])) + 1
+    assert best.best_epoch == first_best and best.epochs_run == 6
+    assert equal(weights(again), snapshots[first_best])
+    # no validation texts: scored NaN, still trained
+    empty = build_classifier(tiny_spec, LABELS, tr, seed=0)
+    blind = train_classifier(empty, tr, ytr, [], [], fast(epochs=2, patience=None, select="last"), progress=False)
+    assert blind.epochs_run == 2 and np.isnan(blind.best_score)
+    assert all(np.isnan(r["val_macro_f1"]) and np.isnan(r["val_accuracy"]) for r in blind.history)
+
+
+def test_training_config_rejects_early_stopping_with_select_last():
+    from otfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="patience must be null when select is 'last'"):
+        TrainingConfig(select="last")
+    with pytest.raises(ConfigError, match="select"):
+        TrainingConfig(select="first", patience=None)
+    assert TrainingConfig().select == "best_val" and TrainingConfig().class_balanced is False

@@ -154,3 +154,47 @@ def test_coresets_are_off_unless_configured(tmp_path: Path) -> None:
     group = tiny_params(tmp_path)["fed_distance"]
     group.pop("coresets")
     assert FedDistanceParams.model_validate(group).coresets is None
+
+
+def test_otdd_without_self_pairs_fills_the_diagonal_with_zero(tmp_path: Path) -> None:
+    """``otdd.self_pairs: false`` runs only the i < j sessions: the heatmap matrices get exact zeros on the
+    diagonal (OTDD(D, D) = 0), the off-diagonal errors are those of the pairs, and no self-distance metric
+    is claimed for sessions that did not run."""
+    from contextlib import contextmanager
+
+    from otfed.federation.otdd import client_pairs
+    from stages.fed_distance import OTDDParams, Roster, otdd_metrics
+
+    class Out:
+        def __init__(self) -> None:
+            self.tables: dict[str, pd.DataFrame] = {}
+            self.logged: dict[str, float] = {}
+
+        def table(self, frame: pd.DataFrame, name: str, markdown: bool = True) -> None:
+            self.tables[name] = frame
+
+        def figure(self, fig: Any, name: str) -> None:
+            import matplotlib.pyplot as plt
+            plt.close(fig)
+
+        @contextmanager
+        def variant(self, name: str, tags: Any = None):
+            class Child:
+                def log_metrics(inner, values: dict) -> None:
+                    self.logged.update(values)
+            yield Child()
+
+    names = ["a", "b", "c"]
+    pairs = client_pairs(3, include_diagonal=False)
+    assert pairs == [(0, 1), (0, 2), (1, 2)]
+    exact = {(0, 1): 1.0, (0, 2): 2.0, (1, 2): 4.0}
+    fed = {(0, 1): 1.1, (0, 2): 2.0, (1, 2): 3.0}
+    results = [dict(a=names[i], b=names[j], federated=fed[i, j], exact=exact[i, j], bytes=10, messages=2)
+               for i, j in pairs]
+    roster = Roster([type("C", (), {"name": n})() for n in names], np.zeros(3), [], [])
+    out = Out()
+    summary = otdd_metrics(OTDDParams(self_pairs=False), roster, results, out)
+    assert summary["max_rel_error"] == pytest.approx(0.25) and summary["mean_rel_error"] == pytest.approx(0.35 / 3)
+    assert not any(key.startswith("self_distance") for key in summary)
+    assert summary["order_preserved"] == 1.0  # the order 1 < 2 < 4 is kept by 1.1 < 2.0 < 3.0
+    assert len(out.tables["otdd_pairs.csv"]) == 3

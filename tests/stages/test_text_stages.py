@@ -41,7 +41,7 @@ def text_params(root: Path) -> dict:
     caps = {"max_train": 40, "max_eval": 20, "max_transfer": 30}
     params["partition"]["text"] = {
         "tasks": {"sa": {"dataset": "amazon_categories", "locals": ["cell_phones", "digital_music"],
-                         "global_party": "baby", "transfer": "grocery_food", **caps}},
+                         "global_party": "baby", "transfer": None, "train_sizes": {"baby": 20}, **caps}},
     }
     params["train_teachers"] = {
         "tasks": ["sa"], "model": TINY_MODEL,
@@ -49,7 +49,7 @@ def text_params(root: Path) -> dict:
         "training": {"epochs": 2, "batch_size": 16, "lr": 0.003, "patience": 1},
     }
     params["estimate_bias"] = {"n_texts": 24, "text_length": 30, "batch_size": 8}
-    params["distill"] = {"eps": 0.05, "epochs": 1, "batch_size": 16}
+    params["distill"] = {"eps": 0.05, "epochs": 1, "batch_size": 16, "seeds": 2}
     return params
 
 
@@ -98,6 +98,12 @@ def test_table1_sizes_match_the_partition_files(text_run) -> None:
         own = parties[parties.party == row.party]
         assert row.n_train == (own.split == "train").sum()
         assert row.n_test == (own.split == "test").sum()
+        # the majority baseline: the most frequent training label predicted for every test text
+        test_labels = own[own.split == "test"].label.to_numpy()
+        majority = np.bincount(own[own.split == "train"].label.to_numpy()).argmax()
+        assert row.majority_score == pytest.approx(macro_f1(test_labels, np.full(len(test_labels), majority),
+                                                            present_only=True))
+    assert table.set_index("party").n_train.to_dict() == {"cell_phones": 40, "digital_music": 40, "baby": 20}
     assert set(table.model) == {"bert", "distilbert"}
     assert set(table.role) == {"local", "global"}
 
@@ -140,15 +146,28 @@ def test_tables_are_recomputed_from_saved_predictions(text_run) -> None:
                                                                                       "global (no distillation)"}
     assert set(results.variant) == expected
     assert set(results.test_set) == {"cell_phones", "digital_music", "baby", "ALL"}
+    assert sorted(set(results.seed)) == [0, 1] and len(results[results.variant == "Sinkhorn-E"]) == 2 * 4
     space = LabelSpace.for_task("sa")
+    first = results[results.seed == 0]  # the saved predictions are the first seed's
     with np.load(root / layout.DISTILL_REPORTS / "predictions_sa.npz") as saved:
-        for row in results[results.variant.isin(["Sinkhorn-E", "Entropy-A"])].itertuples():
+        for row in first[first.variant.isin(["Sinkhorn-E", "Entropy-A"])].itertuples():
             probs, labels = saved[f"{row.variant}|{row.test_set}"], saved[f"labels|{row.test_set}"]
-            assert row.score == pytest.approx(macro_f1(labels, probs, n_labels=5))
+            assert row.score == pytest.approx(macro_f1(labels, probs, present_only=True))
             assert row.semantic_distance == pytest.approx(semantic_distance(probs, labels, space))
     table = pd.read_csv(root / layout.DISTILL_REPORTS / "table_sa.csv")
-    assert list(table.columns[:3]) == ["variant", "cell_phones score", "cell_phones SD"]
-    assert (root / layout.DISTILL_REPORTS / "expected_label_sa.png").stat().st_size > 0
+    assert list(table.columns[:5]) == ["variant", "cell_phones score", "cell_phones score ±", "cell_phones SD",
+                                       "cell_phones SD ±"]
+    # the table is the mean over the two seeds; the claims are their paired differences
+    mean = results[(results.variant == "Entropy-D") & (results.test_set == "ALL")].score.mean()
+    assert table.set_index("variant").loc["Entropy-D", "ALL score"] == pytest.approx(mean, abs=1e-6)
+    claims = pd.read_csv(root / layout.DISTILL_REPORTS / "claims.csv")
+    one = claims[(claims.claim == "Sinkhorn-A vs Entropy-A") & (claims.metric == "score")
+                 & (claims.test_set == "ALL")].iloc[0]
+    per_seed = results[results.test_set == "ALL"].pivot_table(index="seed", columns="variant", values="score")
+    assert one.mean_difference == pytest.approx((per_seed["Sinkhorn-A"] - per_seed["Entropy-A"]).mean(), abs=1e-6)
+    assert len(claims[claims.test_set == "ALL"]) == 10 * 2  # 10 claims × (score, SD)
+    for name in ("expected_label_sa.png", "claims.png", "sinkhorn_vs_entropy.png"):
+        assert (root / layout.DISTILL_REPORTS / name).stat().st_size > 0
 
 
 def test_variants_line_up_in_mlflow(text_run) -> None:
@@ -157,13 +176,16 @@ def test_variants_line_up_in_mlflow(text_run) -> None:
     runs = client.search_runs(exp_ids, filter_string="tags.task = 'sa'")
     variant_runs = [r for r in runs if r.data.tags.get("loss") in {"sinkhorn", "kl"}]
     assert len(variant_runs) == 9
-    names = {frozenset(k for k in r.data.metrics if not k.startswith("train_loss")) for r in variant_runs}
-    assert len(names) == 1 and "ALL.semantic_distance" in next(iter(names))
+    names = {frozenset(r.data.metrics) for r in variant_runs}
+    assert len(names) == 1 and {"ALL.semantic_distance", "ALL.score_ci95", "seed_score"} <= next(iter(names))
+    history = client.get_metric_history(variant_runs[0].info.run_id, "seed_score")
+    assert sorted(m.step for m in history) == [0, 1]  # one value per seed
     parents = client.search_runs(exp_ids, filter_string="tags.stage = 'distill'")
     run_id = parents[0].info.run_id
     folders = [a.path for a in client.list_artifacts(run_id, "reports") if a.is_dir]
     logged = {a.path.split("/")[-1] for d in folders for a in client.list_artifacts(run_id, d)}
-    assert {"table_sa.csv", "table_sa.md", "results.csv", "expected_label_sa.png", "sinkhorn_vs_entropy.png"} <= logged
+    assert {"table_sa.csv", "table_sa.md", "results.csv", "claims.csv", "expected_label_sa.png",
+            "sinkhorn_vs_entropy.png", "claims.png"} <= logged
 
 
 def test_server_side_never_touches_client_models_or_training_texts(text_run) -> None:

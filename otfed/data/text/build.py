@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from otfed.data.apportionment import largest_remainder
 from otfed.data.text.federation import TextFederation, TextParty, TextSplit
 from otfed.data.text.raw import RAW_FILES, SOURCES, RawRows, RawSource, domain_names, file_sha256, label_indices, \
     read_source
@@ -14,18 +15,38 @@ from otfed.errors import ConfigError, DataFileError
 
 
 def _make_party(name: str, role: str, source: str, rows: RawRows, mask: np.ndarray, spec: TextTaskSpec,
-                seed: int) -> TextParty:
+                seed: int) -> tuple[TextParty, TextSplit]:
+    """The party's train / val / test splits, and the rows of its train split that the train cap left out
+    (the pool a held-out transfer set draws from: never in any party's train, val or test split)."""
     assert rows.label is not None
     labels = label_indices(rows.label[mask], spec.task, rows.path, name)
     texts, ids = rows.text[mask], rows.ids[mask]
     rng = party_rng(seed, spec.task, name)
     parts = split_positions(labels, None if rows.group is None else rows.group[mask],
                              None if rows.fixed_split is None else rows.fixed_split[mask], spec, rng, name)
-    splits = []
+    splits, spare = [], np.array([], dtype=np.int64)
     for split, part in zip(SPLITS, parts):
-        keep = part[stratified_cap(labels[part], spec.max_train if split == "train" else spec.max_eval, rng)]
+        keep = part[stratified_cap(labels[part], spec.train_cap(name) if split == "train" else spec.max_eval, rng)]
         splits.append(TextSplit(tuple(texts[keep]), labels[keep], tuple(ids[keep])))
-    return TextParty(name, role, source, *splits)
+        if split == "train":
+            spare = np.setdiff1d(part, keep)
+    return TextParty(name, role, source, *splits), TextSplit(tuple(texts[spare]), np.zeros(spare.size), tuple(ids[spare]))
+
+
+def held_out_transfer(pools: list[TextSplit], n: int | None, rng: np.random.Generator) -> tuple[str, ...]:
+    """Texts (only) of ``n`` rows drawn uniformly without replacement from the parties' spare train rows, as
+    evenly over the parties as their pools allow (largest remainder, a full pool's surplus going to the
+    others); every row when ``n`` is None or exceeds the pools. Ordered party by party, then by row."""
+    sizes = np.array([len(p) for p in pools], dtype=np.int64)
+    target = int(sizes.sum()) if n is None else min(int(n), int(sizes.sum()))
+    take = np.zeros_like(sizes)
+    while take.sum() < target:  # each pass fills the target or at least one pool
+        take = np.minimum(sizes, take + largest_remainder(int(target - take.sum()), (take < sizes).astype(float)))
+    texts: list[str] = []
+    for pool, k in zip(pools, take):
+        pick = np.sort(rng.choice(len(pool), int(k), replace=False))
+        texts += [pool.texts[i] for i in pick]
+    return tuple(texts)
 
 
 def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -> TextFederation:
@@ -42,11 +63,13 @@ def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -
     data_dir = Path(data_dir)
     sources = SOURCES[(spec.task, spec.dataset)]
     labelled = [*spec.locals, spec.global_party]
-    wanted = {*labelled, spec.transfer}
+    held_out = spec.transfer is None
+    named = labelled if held_out else [*labelled, spec.transfer]
+    wanted = set(named)
 
     available = {s: domain_names(s, data_dir) for s in sources}
     known = {name for names in available.values() for name in names}
-    for name in [*labelled, spec.transfer]:
+    for name in named:
         if name not in known:
             where = "; ".join(f"{data_dir / RAW_FILES[s.dataset]}"
                               f"{f' (column {s.domain_column!r})' if s.domain_column else ''}: {', '.join(names)}"
@@ -62,7 +85,7 @@ def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -
         if not holds:
             continue
         rows = read_source(source, data_dir, spec, with_labels=any(n in labelled for n in holds))
-        if spec.transfer in holds:  # separate the transfer rows first and keep only their texts
+        if not held_out and spec.transfer in holds:  # separate the transfer rows first, keep only their texts
             in_transfer = rows.domain == spec.transfer
             transfer_texts = rows.text[in_transfer]
             if rows.label is not None:
@@ -73,24 +96,35 @@ def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -
         dropped[rows.path.name] = rows.dropped
         sha[rows.path.name] = file_sha256(rows.path)
 
-    assert transfer_texts is not None
-    for name in [*labelled, spec.transfer]:
+    assert held_out or transfer_texts is not None
+    for name in named:
         if (rows_by_name[name][1].sum() if name in rows_by_name else len(transfer_texts)) == 0:
             raise DataFileError(f"{spec.task} party {name!r}: every row has a blank text; available domains: "
                                 f"{', '.join(sorted(known))}")
-    parties = [
+    built = [
         _make_party(name, "local" if name in spec.locals else "global", f"{_dataset_of(name, available)}/{name}",
                     *rows_by_name[name], spec, int(seed))
         for name in labelled
     ]
-    if spec.max_transfer is not None and spec.max_transfer < len(transfer_texts):
-        pick = np.sort(party_rng(int(seed), spec.task, f"transfer:{spec.transfer}").choice(
-            len(transfer_texts), spec.max_transfer, replace=False))
-        transfer_texts = transfer_texts[pick]
+    parties = [party for party, _ in built]
+    if held_out:
+        pools = [pool for _, pool in built]
+        if not sum(len(p) for p in pools):
+            raise DataFileError(f"{spec.task}: transfer: null draws texts from the parties' spare train rows, but "
+                                f"every train row is used (train_sizes / max_train keep them all); lower them or "
+                                f"name a transfer domain")
+        transfer = held_out_transfer(pools, spec.max_transfer, party_rng(int(seed), spec.task, "transfer:held_out"))
+        transfer_source = f"{_dataset_of(spec.global_party, available)}/held_out"
+    else:
+        if spec.max_transfer is not None and spec.max_transfer < len(transfer_texts):
+            pick = np.sort(party_rng(int(seed), spec.task, f"transfer:{spec.transfer}").choice(
+                len(transfer_texts), spec.max_transfer, replace=False))
+            transfer_texts = transfer_texts[pick]
+        transfer = tuple(transfer_texts)
+        transfer_source = f"{_dataset_of(spec.transfer, available)}/{spec.transfer}"
     return TextFederation(
         task=spec.task, label_names=label_names(spec.task), locals=tuple(parties[:-1]), global_party=parties[-1],
-        transfer_texts=tuple(transfer_texts),
-        transfer_source=f"{_dataset_of(spec.transfer, available)}/{spec.transfer}",
+        transfer_texts=transfer, transfer_source=transfer_source,
         spec=spec, seed=int(seed), dropped_texts=dropped, raw_sha256=sha)
 
 

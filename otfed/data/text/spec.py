@@ -47,8 +47,13 @@ class TextTaskSpec(Strict):
     locals: tuple[str, ...] = Field(min_length=1, strict=False,  # a YAML / JSON list
                                     description="Local clients (domains, genres or DailyDialog chunks).")
     global_party: str = Field(description="The server's labelled dataset (pretrains the global model).")
-    transfer: str = Field(description="Unlabelled transfer set: its labels are dropped when it is read.")
+    transfer: str | None = Field(description="Unlabelled transfer set: a domain whose labels are dropped when it is "
+                                             "read, or null = texts held out of the labelled parties' own domains "
+                                             "(rows of their train splits that no party trains on).")
     max_train: int | None = Field(None, ge=1, description="Cap on train rows per party (stratified); None = all.")
+    train_sizes: dict[str, int] = Field(default_factory=dict,
+                                        description="Train rows of named parties (stratified), overriding max_train: "
+                                                    "unequal local sizes, a global party with little labelled data.")
     max_eval: int | None = Field(None, ge=1, description="Cap on validation and on test rows per party.")
     max_transfer: int | None = Field(None, ge=1, description="Cap on transfer texts.")
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
@@ -61,16 +66,28 @@ class TextTaskSpec(Strict):
         if self.dataset not in DATASET_PARTIES[self.task]:
             raise ValueError(f"dataset: unknown dataset {self.dataset!r}; allowed: "
                              f"{', '.join(DATASET_PARTIES[self.task])}")
-        names = [*self.locals, self.global_party, self.transfer]
+        names = [*self.locals, self.global_party, *([] if self.transfer is None else [self.transfer])]
         if not all(names):
             raise ValueError(f"locals: party names must be non-empty strings; got {names}")
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"a dataset can play one role only; repeated: {', '.join(repeated)}")
+        labelled = [*self.locals, self.global_party]
+        unknown = sorted(set(self.train_sizes) - set(labelled))
+        if unknown:
+            raise ValueError(f"train_sizes: {', '.join(unknown)} not a party of this task; parties: "
+                             f"{', '.join(labelled)}")
+        bad = {k: v for k, v in self.train_sizes.items() if isinstance(v, bool) or v < 1}
+        if bad:
+            raise ValueError(f"train_sizes: sizes must be integers ≥ 1; got {bad}")
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ValueError(f"test_fraction: val_fraction + test_fraction must be < 1; got "
                              f"{self.val_fraction} + {self.test_fraction}")
         return self
+
+    def train_cap(self, party: str) -> int | None:
+        """Train rows kept for ``party``: its ``train_sizes`` entry, else ``max_train``."""
+        return self.train_sizes.get(party, self.max_train)
 
 
 def default_spec(task: str, **overrides: Any) -> TextTaskSpec:
