@@ -139,8 +139,9 @@ def task_score(task: str, labels, probs, n_labels: int) -> float:
     """The :func:`score_name` score of ``task``: macro-F1 over the labels present in ``labels`` (SA, ERC; a
     test set without a rare emotion is not scored 0 on it) or accuracy (NLI) of the argmax predictions of
     the N×C ``probs``. ``n_labels`` checks the width of ``probs``."""
-    if _as_numpy(probs).ndim == 2 and _as_numpy(probs).shape[1] != n_labels:
-        raise ValueError(f"probabilities have {_as_numpy(probs).shape[1]} columns for {n_labels} labels")
+    probs = _as_numpy(probs)
+    if probs.ndim == 2 and probs.shape[1] != n_labels:
+        raise ValueError(f"probabilities have {probs.shape[1]} columns for {n_labels} labels")
     if task == "nli":
         return accuracy(labels, probs)
     return macro_f1(labels, probs, present_only=True)

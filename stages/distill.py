@@ -186,18 +186,18 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     the Sinkhorn-vs-Entropy figure and the claims figure; one nested run per (task, variant) with the means,
     the CIs and each seed's scores (step = seed)."""
     d = p.distill
-    per_task = 1 + len(variants(d)) * d.seeds
+    names = [name for name, *_ in variants(d)]
+    per_task = 1 + len(names) * d.seeds
     rows: list[dict[str, Any]] = []
     histories: list[dict[str, Any]] = []
     for i, task in enumerate(p.train_teachers.tasks):
         (base_rows, base_probs, labels), *students = results[i * per_task:(i + 1) * per_task]
         rows.extend(dict(r, seed=p.run.seed) for r in base_rows)
-        probabilities = {GLOBAL: base_probs}  # the first seed's students (fig. 2 and the saved predictions)
-        for k, (variant_rows, probs, history) in enumerate(students):
+        for variant_rows, _, history in students:
             rows.extend(variant_rows)
             histories.extend(history)
-            if k < len(variants(d)):
-                probabilities[variants(d)[k][0]] = probs
+        # the first seed's students (jobs run seed by seed): fig. 2 and the saved predictions
+        probabilities = {GLOBAL: base_probs, **{name: probs for name, (_, probs, _) in zip(names, students)}}
         io.write_npz(out.out / f"predictions_{task}.npz",
                      **{f"{v}|{s}": pr for v, by_set in probabilities.items() for s, pr in by_set.items()},
                      **{f"labels|{s}": y for s, y in labels.items()})

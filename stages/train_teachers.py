@@ -80,9 +80,11 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     for task in tt.tasks:
         fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
         for party in fed.parties:
+            key = f"{task}.{party.name}"
             out.append(Job(f"{task}/{party.name}", train_party, dict(
-                task=task, party=party, model=tt.party_models.get(f"{task}.{party.name}", tt.model),
-                training=tt.party_training.get(f"{task}.{party.name}", tt.training), transfer_texts=fed.transfer_texts, label_names=fed.label_names,
+                task=task, party=party, model=tt.party_models.get(key, tt.model),
+                training=tt.party_training.get(key, tt.training), transfer_texts=fed.transfer_texts,
+                label_names=fed.label_names,
                 out_dir=str(models / task / party.name), seed=seed, device=device,
                 predict_batch_size=tt.predict_batch_size)))
     return out

@@ -424,7 +424,7 @@ def test_held_out_transfer_comes_from_spare_train_rows_only():
 def test_held_out_transfer_shares_a_full_pools_surplus():
     from otfed.data.text.build import held_out_transfer
 
-    pools = [TextSplit([f"{k}-{i}" for i in range(n)], np.zeros(n, dtype=int)) for k, n in enumerate([2, 10, 10])]
+    pools = [tuple(f"{k}-{i}" for i in range(n)) for k, n in enumerate([2, 10, 10])]
     texts = held_out_transfer(pools, 12, np.random.default_rng(0))
     assert [sum(t.startswith(f"{k}-") for t in texts) for k in range(3)] == [2, 5, 5]
     assert len(set(texts)) == 12

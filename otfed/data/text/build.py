@@ -15,7 +15,7 @@ from otfed.errors import ConfigError, DataFileError
 
 
 def _make_party(name: str, role: str, source: str, rows: RawRows, mask: np.ndarray, spec: TextTaskSpec,
-                seed: int) -> tuple[TextParty, TextSplit]:
+                seed: int) -> tuple[TextParty, tuple[str, ...]]:
     """The party's train / val / test splits, and the rows of its train split that the train cap left out
     (the pool a held-out transfer set draws from: never in any party's train, val or test split)."""
     assert rows.label is not None
@@ -30,10 +30,10 @@ def _make_party(name: str, role: str, source: str, rows: RawRows, mask: np.ndarr
         splits.append(TextSplit(tuple(texts[keep]), labels[keep], tuple(ids[keep])))
         if split == "train":
             spare = np.setdiff1d(part, keep)
-    return TextParty(name, role, source, *splits), TextSplit(tuple(texts[spare]), np.zeros(spare.size), tuple(ids[spare]))
+    return TextParty(name, role, source, *splits), tuple(texts[spare])
 
 
-def held_out_transfer(pools: list[TextSplit], n: int | None, rng: np.random.Generator) -> tuple[str, ...]:
+def held_out_transfer(pools: list[tuple[str, ...]], n: int | None, rng: np.random.Generator) -> tuple[str, ...]:
     """Texts (only) of ``n`` rows drawn uniformly without replacement from the parties' spare train rows, as
     evenly over the parties as their pools allow (largest remainder, a full pool's surplus going to the
     others); every row when ``n`` is None or exceeds the pools. Ordered party by party, then by row."""
@@ -45,7 +45,7 @@ def held_out_transfer(pools: list[TextSplit], n: int | None, rng: np.random.Gene
     texts: list[str] = []
     for pool, k in zip(pools, take):
         pick = np.sort(rng.choice(len(pool), int(k), replace=False))
-        texts += [pool.texts[i] for i in pick]
+        texts += [pool[i] for i in pick]
     return tuple(texts)
 
 
