@@ -35,6 +35,7 @@ bench: setup   ## every benchmark → reports/bench/ (tens of minutes; not part 
 	python -m bench.distill_speed
 	python -m bench.distill_step
 	python -m bench.fedbary_scaling
+	python -m bench.removal_sweep   # where noise costs FedAvg accuracy and whether FedBary removal wins it back (~7 min)
 	python -m bench.scale_out   # task runners side by side (needs data/partitions: dvc repro partition)
 
 gpu-check: setup   ## on a CUDA machine: GPU info, the gpu-marked tests, a timed tiny text-track run → reports/bench/gpu_check.txt

@@ -2,8 +2,10 @@
 
 * **contributions** (fig. 4), one job per (federation, seed) (cases 1–5): client contributions (%) by
   FedBary with and without a server validation set, next to the FedAvg-utility games — exact Shapley (all
-  2^N coalitions), leave-one-out, Monte-Carlo permutation Shapley — with wall times, and their rank
-  agreement with exact Shapley and with the planted noise as mean ± 95% CI over the seeds;
+  2^N coalitions), leave-one-out, Monte-Carlo permutation Shapley and truncated Monte-Carlo Shapley
+  (DataSV) — and the FL baselines that value clients from FedAvg's recorded updates (OR, MR, GTG-Shapley),
+  with wall times, and their rank agreement with exact Shapley and with the planted noise as mean ± 95% CI
+  over the seeds;
 * **outlier** (fig. 4 histogram), one job: every client's distance to the federated barycenter when one
   client of 4 + 1 carries feature noise;
 * **detection** (fig. 5), one job per (noise kind, rate): datum values (calibrated gradients, eq. 10) from
@@ -20,6 +22,7 @@ removal curves drop the most suspicious first.
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple, Sequence
 
@@ -32,7 +35,7 @@ from otfed.data.corruption import corrupted_federation, noisy_client_federation
 from otfed.data.features import fit_pca, reduce_features
 from otfed.data.parties import FeatureProjection, client_sets, server_split
 from otfed.data.store import FederationData, load_federation
-from otfed.device import stage_device
+from otfed.device import stage_device, threads_for
 from otfed.federation.fedbary import FedBaryConfig, fedbary_on_measures, federated_valuation
 from otfed.figures import valuation as figs
 from otfed.fl import FedAvgConfig
@@ -41,8 +44,10 @@ from otfed.ot import Measure
 from otfed.ot.otdd import LabelledData, augmented_measure
 from otfed.schema import PositiveInt, Strict
 from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, MemoizedUtility, PermutationShapley,
-                             ValuationData, datum_values as calibrated_values, detection_auc, detection_scores,
-                             exact_wasserstein, fedavg_utility, flag_noisy, knn_leave_one_out, mass_moved_by_duplication,
+                             TruncatedMonteCarloShapley, ValuationData, accuracy_utility,
+                             datum_values as calibrated_values, detection_auc, detection_scores, exact_wasserstein,
+                             fedavg_rounds, fedavg_utility, flag_noisy, gtg_shapley, knn_leave_one_out,
+                             mass_moved_by_duplication, multi_round_reconstruction, one_round_reconstruction,
                              percent_of_total, point_removal_curve, repeated_dataset, repeated_datum)
 from stages import layout
 from stages.params import server_split_federation
@@ -55,7 +60,7 @@ if TYPE_CHECKING:
 OUTPUTS = (layout.VALUATION_REPORTS,)
 
 CONTRIBUTION_METHODS = ("fedbary_validation", "fedbary_barycenter", "exact_shapley", "leave_one_out",
-                        "monte_carlo_shapley")
+                        "monte_carlo_shapley", "tmc_shapley", "one_round", "multi_round", "gtg_shapley")
 DETECTION_METHODS = ("fedbary", "lava", "knn_shapley", "leave_one_out", "random")
 KINDS = ("contributions", "outlier", "detection", "duplication")  # the kinds of job, in job order
 
@@ -70,12 +75,29 @@ class OutlierParams(Strict):
     noise_std: float = Field(1.0, gt=0.0, description="N(0, std²) per pixel, before PCA.")
 
 
+class GTGParams(Strict):
+    """GTG-Shapley's truncations and stopping rule (:func:`otfed.valuation.gtg_shapley`)."""
+
+    eps_between: float | None = Field(0.005, ge=0.0, description="A round whose validation accuracy changes by at "
+                                      "most this is skipped (value 0); null: never skip.")
+    eps_within: float = Field(0.01, ge=0.0, description="A permutation stops once its prefix is within this of the "
+                              "round's full-coalition accuracy.")
+    tolerance: float = Field(0.05, ge=0.0, description="Stop a round when the estimates change by less than this "
+                             "(relative, mean over clients).")
+    max_permutations: int = Field(100, ge=1, le=100000)
+
+
 class ContributionParams(Strict):
-    """Client contributions, cases 1–5: FedBary (with / without validation) vs FedAvg-utility games."""
+    """Client contributions, cases 1–5: FedBary (with / without validation) vs FedAvg-utility games and the
+    gradient-reconstruction FL baselines (OR, MR, GTG-Shapley)."""
 
     federations: list[str] = Field(["case1", "case2", "case3", "case4", "case5"], min_length=1)
     validation_samples: int = Field(300, ge=10, description="Server validation = the first rows of the test split.")
-    monte_carlo_permutations: int = Field(10, ge=1, le=100000)
+    monte_carlo_permutations: int = Field(10, ge=1, le=100000, description="Permutations of Monte-Carlo and of "
+                                          "truncated Monte-Carlo (DataSV) Shapley.")
+    tmc_tolerance: float = Field(0.01, ge=0.0, description="Truncated Monte-Carlo Shapley: a permutation stops once "
+                                 "its prefix is within this share of u(N).")
+    gtg: GTGParams = GTGParams()
     seeds: int = Field(3, ge=1, le=100, description="Every case is valued with seeds seed … seed+seeds−1 "
                        "(FedBary's draws, FedAvg's initialisation and batches, the Monte-Carlo permutations); "
                        "rank correlations are reported as mean ± 95% CI over them.")
@@ -191,7 +213,8 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         for s in range(seed, seed + c.seeds):
             out.append(Job(f"contributions {name} seed {s}", client_contributions, dict(
                 name=name, clients=client_sets(fed), validation=validation, config=bv.fedbary, fedavg=c.fedavg,
-                permutations=c.monte_carlo_permutations, seed=s, device=device, planted_noise=planted)))
+                permutations=c.monte_carlo_permutations, tmc_tolerance=c.tmc_tolerance, gtg=c.gtg, seed=s,
+                device=device, planted_noise=planted)))
     out.append(Job(f"outlier {o.federation}", outlier_distances, dict(
         fed=load(o.federation), noisy_client=o.client, fraction=o.fraction, noise_std=o.noise_std,
         projection=FeatureProjection(pca_components=bv.pca_components, random_projection=bv.random_projection),
@@ -216,15 +239,18 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
 # --------------------------------------------------------------------------------- contributions
 def client_contributions(name: str, clients: list[LabelledData], validation: LabelledData, config: FedBaryConfig,
-                         fedavg: FedAvgConfig, permutations: int, seed: int, device: str,
-                         planted_noise: Sequence[float] | None = None) -> list[dict[str, Any]]:
+                         fedavg: FedAvgConfig, permutations: int, tmc_tolerance: float, gtg: GTGParams, seed: int,
+                         device: str, planted_noise: Sequence[float] | None = None) -> list[dict[str, Any]]:
     """One federation and seed of FedBary fig. 4: every method's value and contribution (%) per client,
     and its cost. FedBary: score ∝ 1/W(P_i, Q) (Q = validation set, or the federated barycenter); Shapley
     types: φ_i / Σ_j φ_j (:func:`~otfed.valuation.percent_of_total`) with the FedAvg-validation-accuracy
     utility (:func:`~otfed.valuation.fedavg_utility`, FedAvg on ``device``), each coalition trained once
-    and shared by the three games (:class:`~otfed.valuation.MemoizedUtility`; a method's ``seconds`` is
-    the training time of the coalitions it queried). ``planted_noise``: each client's share of corrupted
-    data (the ground truth of cases 4–5), copied into the rows."""
+    and shared by exact, leave-one-out, Monte-Carlo and truncated Monte-Carlo (DataSV) Shapley
+    (:class:`~otfed.valuation.MemoizedUtility`; a method's ``seconds`` is the training time of the
+    coalitions it queried); the FL baselines OR, MR and GTG-Shapley value the clients from the updates of
+    one recorded FedAvg run over all clients (:func:`~otfed.valuation.fedavg_rounds`, the run behind u(N);
+    their ``seconds``: that training plus their own evaluations). ``planted_noise``: each client's share of
+    corrupted data (the ground truth of cases 4–5), copied into the rows."""
     rows: list[dict[str, Any]] = []
     names = [c.name for c in clients]
     planted = list(planted_noise) if planted_noise is not None else [float("nan")] * len(clients)
@@ -241,10 +267,20 @@ def client_contributions(name: str, clients: list[LabelledData], validation: Lab
     players = ValuationData(np.arange(len(clients), dtype=np.float64)[:, None], np.zeros(len(clients), dtype=np.int64))
     utility = MemoizedUtility(fedavg_utility(clients, validation, fedavg, seed, device))
     for method, valuer in (("exact_shapley", ExactShapley(utility)), ("leave_one_out", LeaveOneOut(utility)),
-                           ("monte_carlo_shapley", PermutationShapley(utility, permutations, seed=seed))):
+                           ("monte_carlo_shapley", PermutationShapley(utility, permutations, seed=seed)),
+                           ("tmc_shapley", TruncatedMonteCarloShapley(utility, permutations, tolerance=tmc_tolerance,
+                                                                      seed=seed))):
         utility.start_method()
         values = valuer.fit(players)
         add(method, values, percent_of_total(values), utility.method_seconds())
+    rounds, training = timed(fedavg_rounds, clients, validation, fedavg, seed, device)
+    accuracy = accuracy_utility(validation.x, validation.y, device=device, num_threads=threads_for(device))
+    for method, valuer in (("one_round", one_round_reconstruction), ("multi_round", multi_round_reconstruction),
+                           ("gtg_shapley", partial(gtg_shapley, eps_between=gtg.eps_between, eps_within=gtg.eps_within,
+                                                   tolerance=gtg.tolerance, max_permutations=gtg.max_permutations,
+                                                   seed=seed))):
+        result, secs = timed(valuer, rounds, accuracy)
+        add(method, result.values, percent_of_total(result.values), training + secs)
     return rows
 
 

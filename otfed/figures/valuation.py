@@ -10,7 +10,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 METHOD_COLORS = {"fedbary_validation": "tab:blue", "fedbary_barycenter": "tab:cyan", "exact_shapley": "black",
-                 "leave_one_out": "tab:orange", "monte_carlo_shapley": "tab:gray", "fedbary": "tab:blue",
+                 "leave_one_out": "tab:orange", "monte_carlo_shapley": "tab:gray", "tmc_shapley": "silver",
+                 "one_round": "tab:brown", "multi_round": "tab:pink", "gtg_shapley": "tab:olive", "fedbary": "tab:blue",
                  "lava": "tab:green", "knn_shapley": "tab:purple", "random": "tab:red"}
 
 

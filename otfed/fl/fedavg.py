@@ -18,7 +18,8 @@ read back from the state's shapes, so states are all that clients and server exc
 :func:`otfed.device.stage_device` of ``run.device``) and ``num_threads`` (torch CPU threads while it runs;
 :func:`otfed.device.threads_for` gives 1 on CPU, None elsewhere). :func:`fedavg` moves each client's data
 and the state to the device once and keeps them there for all rounds (local updates and aggregation run
-on the device); only the final state comes back (on CPU) and, when asked for, one accuracy per round.
+on the device); only the final state comes back (on CPU) and, when asked for, one accuracy per round and
+each round's :class:`RoundUpdates` (what the server received).
 Mini-batch orders are drawn from a CPU generator, so the same seed gives the same batches on any device.
 """
 from __future__ import annotations
@@ -226,27 +227,43 @@ def round_seed(seed: int, round_: int, client: int) -> int:
     return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
 
 
+@dataclass(frozen=True, eq=False)
+class RoundUpdates:
+    """What the FedAvg server received in one round r (all on CPU): the global state M^{r−1} the round
+    started from, each client's update Δ_k^r = w_k^r − M^{r−1} (w_k^r: client k's local state after
+    :func:`client_update`) and the aggregation weights ω_k, so that M^r = M^{r−1} + Σ_k ω_k Δ_k^r / Σ_k ω_k.
+    The messages gradient-reconstruction valuation (:mod:`otfed.valuation.reconstruction`) works from."""
+
+    start: State
+    deltas: list[State]
+    weights: list[float]
+
+
 @dataclass
 class FedAvgResult:
-    """Final global state and, per round, the accuracy on the evaluation set (if one was given)."""
+    """Final global state, per round the accuracy on the evaluation set (if one was given) and, when
+    recorded, per round the :class:`RoundUpdates` the server received."""
 
     state: State
     accuracy: list[float] = field(default_factory=list)
+    rounds: list[RoundUpdates] = field(default_factory=list)
 
 
 def fedavg(clients: Sequence[tuple[np.ndarray, np.ndarray]], state: State, rounds: int, epochs: int, lr: float,
            seed: int = 0, batch_size: int | None = None, weights: Sequence[float] | None = None,
            eval_data: tuple[np.ndarray, np.ndarray] | None = None, device: str | torch.device = "cpu",
-           num_threads: int | None = 1) -> FedAvgResult:
+           num_threads: int | None = 1, record_updates: bool = False) -> FedAvgResult:
     """FedAvg with full participation: each round every client runs :func:`client_update` from the global
     state (client k, round r seeded by (seed, r, k)), the server aggregates with ``weights`` (default:
     client sizes n_k). Data and states stay on ``device`` for all rounds (module docstring); the returned
-    state is on CPU."""
+    state is on CPU. ``record_updates``: also return each round's :class:`RoundUpdates` (copied to CPU;
+    recording changes no number of the run)."""
     if not clients:
         raise ValueError("FedAvg needs at least one client")
     w = [len(c[1]) for c in clients] if weights is None else list(weights)
     dtype = state["layers.0.weight"].dtype
     accuracy: list[float] = []
+    recorded: list[RoundUpdates] = []
     with torch_threads(num_threads):
         data = [_tensors(*c, dtype=dtype, device=device) for c in clients]  # moved to the device once
         state = {k: v.to(device) for k, v in state.items()}
@@ -255,10 +272,14 @@ def fedavg(clients: Sequence[tuple[np.ndarray, np.ndarray]], state: State, round
                                     seed=round_seed(seed, r, k),
                                     batch_size=batch_size, device=device)
                      for k, d in enumerate(data)]
+            if record_updates:
+                recorded.append(RoundUpdates(start={k: v.to("cpu", copy=True) for k, v in state.items()},
+                                             deltas=[_on_cpu({k: s[k] - state[k] for k in state}) for s in local],
+                                             weights=[float(x) for x in w]))
             state = server_aggregate(local, w)
             if eval_data is not None:
                 accuracy.append(evaluate(state, *eval_data, device=device, num_threads=None))
-    return FedAvgResult(state=_on_cpu(state), accuracy=accuracy)
+    return FedAvgResult(state=_on_cpu(state), accuracy=accuracy, rounds=recorded)
 
 
 def fedavg_state(clients: Sequence[tuple[np.ndarray, np.ndarray]], n_features: int, n_classes: int,

@@ -11,6 +11,8 @@ gradients are larger for more *harmful* points (as in FedBary; rank descending t
 - :class:`LeaveOneOut` — v_i = u(N) − u(N ∖ {i}).
 - :class:`PermutationShapley` — Monte-Carlo Shapley: mean marginal contribution over random
   permutations (Castro et al. 2009; Ghorbani & Zou 2019 without truncation).
+- :class:`TruncatedMonteCarloShapley` — TMC-Shapley (Ghorbani & Zou 2019, alg. 1; "DataSV" in FedBary
+  §5.1): the same permutations, each scanned only until the prefix's utility is within a tolerance of u(N).
 - :class:`KNNShapley` — exact Shapley values of the K-nearest-neighbour utility by the closed-form
   recursion of Jia et al. (2019, theorem 1), O(N log N) per validation point.
 - :func:`knn_leave_one_out` — leave-one-out values of the same utility in one pass.
@@ -138,17 +140,54 @@ class PermutationShapley:
         self.seed = seed
 
     def fit(self, data: ValuationData) -> np.ndarray:
-        rng = np.random.default_rng(self.seed)
-        n = data.n
-        total = np.zeros(n)
-        for _ in range(self.n_permutations):
-            order = rng.permutation(n)
-            previous = float(self.utility(data, order[:0]))
-            for pos in range(n):
-                current = float(self.utility(data, order[: pos + 1]))
-                total[order[pos]] += current - previous
-                previous = current
-        return total / self.n_permutations
+        return _mean_marginals(self.utility, data, self.n_permutations, self.seed, full=None, threshold=0.0)
+
+
+def _mean_marginals(utility: Utility, data: ValuationData, n_permutations: int, seed: int, full: float | None,
+                    threshold: float) -> np.ndarray:
+    """Mean over ``n_permutations`` random permutations (``seed``) of the marginals u(pre ∪ {i}) − u(pre);
+    with ``full`` = u(N), a permutation stops once |full − u(prefix)| < ``threshold`` (the rest get 0)."""
+    rng = np.random.default_rng(seed)
+    n = data.n
+    total = np.zeros(n)
+    for _ in range(n_permutations):
+        order = rng.permutation(n)
+        previous = float(utility(data, order[:0]))
+        for pos in range(n):
+            if full is not None and abs(full - previous) < threshold:
+                break
+            current = float(utility(data, order[: pos + 1]))
+            total[order[pos]] += current - previous
+            previous = current
+    return total / n_permutations
+
+
+class TruncatedMonteCarloShapley:
+    """TMC-Shapley (Ghorbani & Zou 2019, "Data Shapley", alg. 1): :class:`PermutationShapley`'s estimate
+    φ̂_i = mean over random permutations π of u(pre_π(i) ∪ {i}) − u(pre_π(i)), except that a permutation is
+    scanned only while |u(N) − u(prefix)| ≥ ``tolerance`` · |u(N)|: once the prefix is that close to the
+    whole set's utility, the remaining players get marginal 0 without evaluation.
+
+    Draws the same permutations as :class:`PermutationShapley` with the same ``seed`` (so ``tolerance=0``,
+    where the strict test never truncates, gives the same values) and evaluates u(N) once more. A fixed
+    ``n_permutations`` replaces the paper's convergence check. Each truncated permutation leaves out
+    marginals that sum to u(N) − u(prefix), less than ``tolerance`` · |u(N)| in absolute value.
+    """
+
+    def __init__(self, utility: Utility, n_permutations: int = 100, tolerance: float = 0.01, seed: int = 0) -> None:
+        if n_permutations < 1:
+            raise ValueError("n_permutations must be ≥ 1")
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance must be ≥ 0, got {tolerance}")
+        self.utility = utility
+        self.n_permutations = n_permutations
+        self.tolerance = tolerance
+        self.seed = seed
+
+    def fit(self, data: ValuationData) -> np.ndarray:
+        full = float(self.utility(data, np.arange(data.n)))
+        return _mean_marginals(self.utility, data, self.n_permutations, self.seed, full=full,
+                               threshold=self.tolerance * abs(full))
 
 
 # ----------------------------------------------------------------------------------------------------

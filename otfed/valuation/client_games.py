@@ -7,6 +7,9 @@ the validation accuracy of FedAvg trained on its members, and values are reporte
 * :class:`MemoizedUtility` — u(S) computed once per coalition and shared by the games (with 5 clients
   exact Shapley, leave-one-out and permutation Shapley query the same 32 coalitions), with each method's
   cost as the training time of the coalitions it queried.
+* :func:`fedavg_rounds` — the updates the FedAvg server receives while training the grand coalition (the
+  run behind u(N)), for the gradient-reconstruction valuations of :mod:`otfed.valuation.reconstruction`
+  (OR, MR, GTG-Shapley), which value the clients from them instead of retraining on every coalition.
 * :func:`percent_of_total` — 100 · v_i / Σ_j v_j, the paper's normalisation (fig. 4).
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 from otfed.data.parties import n_classes_of
 from otfed.device import threads_for
-from otfed.fl.fedavg import FedAvgConfig, fedavg_accuracy
+from otfed.fl.fedavg import FedAvgConfig, RoundUpdates, fedavg, fedavg_accuracy, init_state
 from otfed.ot.otdd import LabelledData
 from otfed.valuation.baselines import Utility, ValuationData
 
@@ -37,6 +40,19 @@ def fedavg_utility(clients: Sequence[LabelledData], validation: LabelledData, co
                                num_threads=threads_for(device))
 
     return utility
+
+
+def fedavg_rounds(clients: Sequence[LabelledData], validation: LabelledData, config: FedAvgConfig, seed: int,
+                  device: str = "cpu") -> list[RoundUpdates]:
+    """Every round's start state, client updates and weights of FedAvg over all ``clients`` — the same run
+    (initial state, seeds, settings) that :func:`fedavg_utility` trains for the grand coalition N, recorded
+    (``fedavg(..., record_updates=True)``): the messages a FedAvg server holds after training."""
+    n_classes = n_classes_of(validation.y, *[c.y for c in clients])
+    state = init_state(validation.x.shape[1], n_classes, hidden=config.hidden, seed=seed)
+    result = fedavg([(c.x, c.y) for c in clients], state, rounds=config.rounds, epochs=config.epochs, lr=config.lr,
+                    seed=seed, batch_size=config.batch_size, device=device, num_threads=threads_for(device),
+                    record_updates=True)
+    return result.rounds
 
 
 class MemoizedUtility:

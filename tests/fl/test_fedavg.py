@@ -145,3 +145,30 @@ def test_fedavg_runs_every_model_on_the_given_device_and_moves_data_once(monkeyp
     assert converted == ["cpu:0"] * 3  # one conversion per client, not one per round
     result = module.fedavg(clients, init_state(4, 3, seed=0), rounds=2, epochs=1, lr=0.1, device="cpu:0")
     assert all(v.device == torch.device("cpu") for v in result.state.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_recording_updates_changes_nothing_and_the_updates_rebuild_each_round(dtype: torch.dtype) -> None:
+    """record_updates: the final state is bit-identical to the unrecorded run; per round r the recorded
+    start is the previous round's global state (M^0 = the initial state) and M^{r−1} + Σ_k ω_k Δ_k^r / Σ_k ω_k
+    (here by hand, in float64) is M^r; states come back on CPU."""
+    clients = [blobs(n, seed) for n, seed in [(30, 10), (45, 11), (20, 12)]]
+    state = init_state(4, 3, hidden=(5,), seed=3, dtype=dtype)
+    kwargs = dict(rounds=3, epochs=2, lr=0.2, batch_size=8, seed=4)
+    plain = fedavg(clients, state, **kwargs)
+    recorded = fedavg(clients, state, record_updates=True, **kwargs)
+    assert plain.rounds == [] and len(recorded.rounds) == 3
+    for key in state:
+        assert torch.equal(plain.state[key], recorded.state[key])
+        assert torch.equal(recorded.rounds[0].start[key], state[key])
+    ends = [u.start for u in recorded.rounds[1:]] + [recorded.state]
+    atol = 1e-6 if dtype == torch.float32 else 1e-13
+    for update, end in zip(recorded.rounds, ends):
+        assert update.weights == [30.0, 45.0, 20.0]
+        w = np.array(update.weights) / sum(update.weights)
+        for key in state:
+            rebuilt = update.start[key].double() + sum(float(w_k) * d[key].double() for w_k, d in zip(w, update.deltas))
+            np.testing.assert_allclose(rebuilt.numpy(), end[key].double().numpy(), rtol=0, atol=atol)
+            assert update.start[key].device.type == "cpu" and update.start[key].dtype == dtype
+            assert all(d[key].device.type == "cpu" for d in update.deltas)
+        assert any(not torch.equal(d[key], update.deltas[0][key]) for d in update.deltas[1:] for key in state)

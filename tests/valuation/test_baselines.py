@@ -7,8 +7,8 @@ from math import factorial
 import numpy as np
 import pytest
 
-from otfed.valuation import (ExactShapley, KNNShapley, LeaveOneOut, PermutationShapley, ValuationData,
-                             classifier_accuracy, knn_leave_one_out, knn_utility)
+from otfed.valuation import (ExactShapley, KNNShapley, LeaveOneOut, PermutationShapley, TruncatedMonteCarloShapley,
+                             ValuationData, classifier_accuracy, knn_leave_one_out, knn_utility)
 
 
 def players(n: int) -> ValuationData:
@@ -104,3 +104,85 @@ def test_fast_knn_leave_one_out_matches_the_definition() -> None:
         assert np.allclose(knn_leave_one_out(data, k), LeaveOneOut(knn_utility(k)).fit(data), atol=1e-12)
     tiny = ValuationData(x[:3], y[:3], data.x_val, data.y_val)  # fewer than K + 1 points
     assert np.allclose(knn_leave_one_out(tiny, 5), LeaveOneOut(knn_utility(5)).fit(tiny), atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------
+# TMC-Shapley (Ghorbani & Zou 2019)
+
+
+class CountingUtility:
+    """Wraps a utility and counts its calls."""
+
+    def __init__(self, utility) -> None:
+        self.utility = utility
+        self.calls = 0
+
+    def __call__(self, data: ValuationData, coalition: np.ndarray) -> float:
+        self.calls += 1
+        return self.utility(data, coalition)
+
+
+def saturating(data: ValuationData, coalition: np.ndarray) -> float:
+    """u(S) = min(|S|, 2)/2: any two players achieve everything; exact Shapley 1/N each."""
+    return min(len(coalition), 2) / 2
+
+
+def nonempty(data: ValuationData, coalition: np.ndarray) -> float:
+    """u(S) = 1 for S ≠ ∅: only the first player of a permutation contributes; exact Shapley 1/N each."""
+    return float(len(coalition) > 0)
+
+
+def independent_successes(data: ValuationData, coalition: np.ndarray) -> float:
+    """u(S) = 1 − Π_{i∈S} (1 − p_i) with p_i = x_i / 10: monotone, with ever smaller marginals."""
+    return float(1.0 - np.prod(1.0 - data.x[coalition, 0] / 10.0))
+
+
+def parity(data: ValuationData, coalition: np.ndarray) -> float:
+    """u(S) = 1 + (|S| mod 2): with N even, ∅ and every even prefix have exactly u(N), yet the marginals
+    that follow are ±1 (a truncation test with ≤ would stop every permutation at ∅)."""
+    return float(1 + len(coalition) % 2)
+
+
+@pytest.mark.parametrize("utility,n", [(glove, 3), (parity, 6), (saturating, 5), (nonempty, 4), (additive, 5)])
+def test_tmc_with_zero_tolerance_is_permutation_shapley(utility, n: int) -> None:
+    """tolerance 0 never truncates (strict test, as in Ghorbani & Zou's alg. 1) and the permutations are
+    drawn identically: the same numbers bit for bit."""
+    for seed in (0, 1, 2):
+        tmc = TruncatedMonteCarloShapley(utility, n_permutations=50, tolerance=0.0, seed=seed).fit(players(n))
+        np.testing.assert_array_equal(tmc, PermutationShapley(utility, n_permutations=50, seed=seed).fit(players(n)))
+
+
+def test_tmc_truncation_is_exact_when_the_prefix_already_has_everything() -> None:
+    """On u = min(|S|, 2)/2 and u = 1[S ≠ ∅] the truncated marginals are truly 0: the same values as
+    untruncated permutation sampling, from 3 (resp. 2) evaluations per permutation instead of N + 1; on
+    1[S ≠ ∅] within 4 binomial standard errors of the brute-force Shapley values 1/N."""
+    P = 400
+    for utility, n, per_permutation in ((saturating, 4, 3), (nonempty, 4, 2)):
+        counted = CountingUtility(utility)
+        tmc = TruncatedMonteCarloShapley(counted, n_permutations=P, tolerance=1e-6, seed=3).fit(players(n))
+        counted_mc = CountingUtility(utility)
+        mc = PermutationShapley(counted_mc, n_permutations=P, seed=3).fit(players(n))
+        np.testing.assert_array_equal(tmc, mc)
+        assert counted.calls == 1 + P * per_permutation and counted_mc.calls == P * (n + 1)
+        np.testing.assert_allclose(tmc.sum(), 1.0)
+    truth = brute_force_shapley(nonempty, players(4))
+    np.testing.assert_allclose(truth, [0.25] * 4, atol=1e-12)
+    P = 4000
+    estimate = TruncatedMonteCarloShapley(nonempty, n_permutations=P, tolerance=1e-6, seed=4).fit(players(4))
+    np.testing.assert_allclose(estimate, truth, atol=4 * np.sqrt(0.25 * 0.75 / P))
+
+
+def test_tmc_truncation_error_is_within_the_tolerance_bound() -> None:
+    """Monotone game: each truncated marginal lies in [0, u(N) − u(prefix)) ⊂ [0, tolerance · u(N)), so per
+    player 0 ≤ (untruncated − truncated estimate) < tolerance · u(N) for the same permutations, and the
+    values fall short of efficiency by less than that; truncation saves evaluations."""
+    data = players(6)
+    full = independent_successes(data, np.arange(6))
+    for tolerance in (0.02, 0.1, 0.3):
+        counted = CountingUtility(independent_successes)
+        tmc = TruncatedMonteCarloShapley(counted, n_permutations=300, tolerance=tolerance, seed=5).fit(data)
+        mc = PermutationShapley(independent_successes, n_permutations=300, seed=5).fit(data)
+        gap = mc - tmc
+        assert np.all(gap >= -1e-15) and np.all(gap < tolerance * full) and gap.max() > 0
+        assert 0 <= full - independent_successes(data, np.array([], dtype=int)) - tmc.sum() < tolerance * full
+        assert counted.calls < 300 * 7
