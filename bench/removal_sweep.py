@@ -52,7 +52,7 @@ from otfed.device import stage_device, threads_for
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation
 from otfed.fl import FedAvgConfig, evaluate, fedavg_state
 from otfed.metrics import mean_confidence_interval
-from otfed.valuation import detection_auc, flag_noisy
+from otfed.valuation import budget_removal, detection_auc, flagged_removal, random_removal
 
 OUT = Path("reports/bench")
 NAME = "removal_sweep"
@@ -135,13 +135,6 @@ class Trainer:
                      for x, y in ((self.validation.x, self.validation.y), self.test))
 
 
-def _top(g: np.ndarray, count: int) -> np.ndarray:
-    """Mask of the ``count`` largest calibrated gradients (ties in data order)."""
-    mask = np.zeros(len(g), dtype=bool)
-    mask[np.argsort(-g, kind="stable")[:count]] = True
-    return mask
-
-
 def removal_cell(fed: FederationData, trainer: Trainer, setting: Setting, seed: int) -> dict[str, Any]:
     """Rules (b)–(f) on one noisy (projected) federation: test accuracies, the budget chosen on validation,
     removal counts, detection AUC and FedBary's seconds."""
@@ -156,15 +149,12 @@ def removal_cell(fed: FederationData, trainer: Trainer, setting: Setting, seed: 
     def kept(masks: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(c.x[~m], c.y[~m]) for c, m in zip(clients, masks)]
 
-    budget = {b: [_top(v, int(np.floor(b * len(v)))) for v in g] for b in (0.0, *setting.budgets)}
+    budget = {b: [budget_removal(v, b) for v in g] for b in (0.0, *setting.budgets)}
     scores = {b: trainer.accuracies(kept(m)) for b, m in budget.items()}  # b = 0: nothing removed
     chosen = max(setting.budgets, key=lambda b: (scores[b][0], -b))
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
     masks = {"noisy": budget[0.0], "oracle": noisy, "budget": budget[chosen],
-             "flagged": [_top(v, min(int(flag_noisy(v).sum()), int(np.floor(setting.max_remove_fraction * len(v)))))
-                         for v in g],
-             "random": [np.isin(np.arange(len(m)), rng.choice(len(m), int(m.sum()), replace=False))
-                        for m in budget[chosen]]}
+             "flagged": [flagged_removal(v, setting.max_remove_fraction) for v in g],
+             "random": random_removal(budget[chosen], np.random.default_rng(np.random.SeedSequence([seed, 11])))}
     row: dict[str, Any] = dict(n_train=sum(len(m) for m in noisy), noisy=int(sum(m.sum() for m in noisy)),
                                auc=detection_auc(np.concatenate(g), np.concatenate(noisy)), budget=chosen)
     for rule, ms in masks.items():

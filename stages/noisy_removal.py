@@ -24,7 +24,8 @@ from otfed.figures import valuation as figs
 from otfed.fl import FedAvgConfig, evaluate, fedavg_state
 from otfed.metrics import mean_confidence_interval
 from otfed.ot.otdd import LabelledData
-from otfed.valuation import detection_auc, flag_noisy
+from otfed.valuation import (budget_removal, detection_auc, flag_noisy, flagged_removal, most_suspicious,
+                             random_removal)
 from stages import layout
 from stages.params import server_split_federation
 from stages.stage import Job, Report, Stage
@@ -88,13 +89,6 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     return out
 
 
-def _top(g: np.ndarray, count: int) -> np.ndarray:
-    """Mask of the ``count`` largest calibrated gradients (ties in client order)."""
-    remove = np.zeros(len(g), dtype=bool)
-    remove[np.argsort(-g, kind="stable")[:count]] = True
-    return remove
-
-
 class Removal(NamedTuple):
     """One (federation, seed): the table-4 row, one row per client, the accuracy of every budget."""
 
@@ -139,7 +133,7 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
         """(data removed, noisy data among them), over all clients."""
         return int(sum(m.sum() for m in masks)), int(sum((m & bad).sum() for m, bad in zip(masks, noisy)))
 
-    budget_masks = {b: [_top(g, int(np.floor(b * len(g)))) for g in values] for b in budgets}
+    budget_masks = {b: [budget_removal(g, b) for g in values] for b in budgets}
     budget_rows = []
     for b, masks in budget_masks.items():
         val_acc, test_acc = accuracies(masks)
@@ -149,13 +143,8 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
                                 test_accuracy=test_acc))
     best = max(budget_rows, key=lambda r: (r["validation_accuracy"], -r["budget"]))
     chosen = budget_masks[best["budget"]]
-    flagged = [_top(g, min(int(flag_noisy(g).sum()), int(np.floor(max_remove_fraction * len(g))))) for g in values]
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
-    random_masks = []
-    for m in chosen:
-        r = np.zeros(len(m), dtype=bool)
-        r[rng.choice(len(m), int(m.sum()), replace=False)] = True
-        random_masks.append(r)
+    flagged = [flagged_removal(g, max_remove_fraction) for g in values]
+    random_masks = random_removal(chosen, np.random.default_rng(np.random.SeedSequence([seed, 11])))
     acc = {key: accuracies(masks)[1] for key, masks in (("flagged", flagged), ("oracle", noisy),
                                                        ("random", random_masks))}
     acc["budget"] = best["test_accuracy"]
@@ -170,7 +159,7 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
                                 flagged=int(flag_noisy(g).sum()), removed_flagged=int(flagged[k].sum()),
                                 removed_flagged_noisy=int((flagged[k] & bad).sum()),
                                 removed_budget=int(chosen[k].sum()), removed_budget_noisy=int((chosen[k] & bad).sum()),
-                                noisy_in_top_noisy=int(bad[_top(g, int(bad.sum()))].sum()),
+                                noisy_in_top_noisy=int(bad[most_suspicious(g, int(bad.sum()))].sum()),
                                 contribution_percent=float(res.contributions[k])))
 
     n_flagged, flagged_noisy = removed(flagged)

@@ -1,7 +1,7 @@
 """Data valuation: FedBary datum values (calibrated gradients, eq. 10), detection metrics, baselines.
 
 - :mod:`.calibrated` — ``calibrated_gradient``, ``dual_potential``, ``datum_values``, ``flag_noisy``,
-  ``rank_by_value``
+  ``rank_by_value``; removal masks ``most_suspicious``, ``budget_removal``, ``flagged_removal``, ``random_removal``
 - :mod:`.baselines` — ``ValuationData`` and ``fit(data) → values`` valuers: ``ExactShapley``,
   ``LeaveOneOut``, ``PermutationShapley``, ``TruncatedMonteCarloShapley``, ``KNNShapley``, ``Lava``;
   ``knn_leave_one_out``; utilities ``knn_utility``, ``classifier_accuracy``
@@ -18,7 +18,8 @@
 from otfed.valuation.baselines import (DataValuation, ExactShapley, KNNShapley, Lava, LeaveOneOut,
                                        PermutationShapley, TruncatedMonteCarloShapley, Utility, ValuationData,
                                        classifier_accuracy, knn_leave_one_out, knn_utility)
-from otfed.valuation.calibrated import calibrated_gradient, datum_values, dual_potential, flag_noisy, rank_by_value
+from otfed.valuation.calibrated import (budget_removal, calibrated_gradient, datum_values, dual_potential, flag_noisy,
+                                        flagged_removal, most_suspicious, random_removal, rank_by_value)
 from otfed.valuation.client_games import MemoizedUtility, fedavg_rounds, fedavg_utility, percent_of_total
 from otfed.valuation.detection import (DetectionScores, RemovalCurve, detection_auc, detection_scores,
                                       point_removal_curve)
@@ -29,11 +30,11 @@ from otfed.valuation.reconstruction import (ClientValues, StateUtility, accuracy
                                             reconstructed_final_state, reconstructed_round_state)
 
 __all__ = [
-    "ClientValues", "DataValuation", "DetectionScores", "MemoizedUtility", "ExactShapley", "KNNShapley", "Lava",
+    "ClientValues", "DataValuation", "budget_removal", "flagged_removal", "DetectionScores", "MemoizedUtility", "ExactShapley", "KNNShapley", "Lava",
     "LeaveOneOut", "PermutationShapley", "RemovalCurve", "StateUtility", "TruncatedMonteCarloShapley", "Utility",
     "ValuationData", "accuracy_utility", "calibrated_gradient", "classifier_accuracy", "datum_values",
     "detection_auc", "detection_scores", "dual_potential", "exact_wasserstein", "fedavg_rounds", "fedavg_utility", "flag_noisy", "gtg_shapley", "knn_leave_one_out",
     "knn_utility", "mass_moved_by_duplication", "multi_round_reconstruction", "one_round_reconstruction",
-    "percent_of_total", "point_removal_curve", "rank_by_value", "reconstructed_final_state",
+    "most_suspicious", "percent_of_total", "point_removal_curve", "random_removal", "rank_by_value", "reconstructed_final_state",
     "reconstructed_round_state", "repeated_dataset", "repeated_datum",
 ]

@@ -109,3 +109,33 @@ def rank_by_value(values: np.ndarray) -> np.ndarray:
     """Indices ordered from most to least suspicious (descending calibrated gradient; ties by index)."""
     v = np.asarray(values, dtype=np.float64)
     return np.argsort(-v, kind="stable")
+
+
+def most_suspicious(values: np.ndarray, count: int) -> np.ndarray:
+    """Mask of the ``count`` data that :func:`rank_by_value` puts first (largest calibrated gradient; ties by
+    index)."""
+    mask = np.zeros(len(values), dtype=bool)
+    mask[rank_by_value(values)[:count]] = True
+    return mask
+
+
+def budget_removal(values: np.ndarray, share: float) -> np.ndarray:
+    """Removal by a budget: the ⌊share · n⌋ most suspicious of a client's n data (:func:`most_suspicious`)."""
+    return most_suspicious(values, int(np.floor(share * len(values))))
+
+
+def flagged_removal(values: np.ndarray, max_fraction: float = 1.0) -> np.ndarray:
+    """FedBary's removal rule (table 4): every flagged datum (:func:`flag_noisy`, g > 0), at most the
+    ⌊max_fraction · n⌋ most suspicious of them."""
+    return most_suspicious(values, min(int(flag_noisy(values).sum()), int(np.floor(max_fraction * len(values)))))
+
+
+def random_removal(masks: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    """Per client, as many data as ``masks[k]`` removes, drawn uniformly without replacement (the random
+    reference of a removal rule); clients drawn in order."""
+    out = []
+    for m in masks:
+        r = np.zeros(len(m), dtype=bool)
+        r[rng.choice(len(m), int(m.sum()), replace=False)] = True
+        out.append(r)
+    return out

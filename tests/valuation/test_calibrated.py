@@ -6,7 +6,8 @@ import ot
 import pytest
 
 from otfed.ot import Measure
-from otfed.valuation import calibrated_gradient, datum_values, dual_potential, flag_noisy, rank_by_value
+from otfed.valuation import (budget_removal, calibrated_gradient, datum_values, dual_potential, flag_noisy,
+                             flagged_removal, most_suspicious, random_removal, rank_by_value)
 
 
 def test_two_points_hand_case() -> None:
@@ -60,3 +61,19 @@ def test_far_point_gets_the_largest_positive_gradient() -> None:
     values = datum_values(Measure.uniform(train), Measure.uniform(rng.standard_normal((30, 2))))
     assert rank_by_value(values)[0] == 30 and flag_noisy(values)[30]
     np.testing.assert_allclose(values.sum(), 0.0, atol=1e-9)  # m/(m−1)·(f − mean f) sums to 0
+
+
+def test_removal_masks_pick_the_most_suspicious_by_hand() -> None:
+    """Budget, flag and random removal masks (FedBary table 4) against hand-picked indices."""
+    g = np.array([0.5, -1.0, 2.0, 0.5, 3.0, -0.2, 0.1])
+    # order by descending g, ties by index: 4 (3.0), 2 (2.0), 0 (0.5), 3 (0.5), 6 (0.1), 5, 1
+    assert np.flatnonzero(most_suspicious(g, 3)).tolist() == [0, 2, 4]
+    assert np.flatnonzero(budget_removal(g, 0.5)).tolist() == [0, 2, 4]  # ⌊0.5 · 7⌋ = 3
+    assert not budget_removal(g, 0.1).any()  # ⌊0.7⌋ = 0
+    assert np.flatnonzero(flagged_removal(g)).tolist() == [0, 2, 3, 4, 6]  # every g > 0
+    assert np.flatnonzero(flagged_removal(g, max_fraction=0.3)).tolist() == [2, 4]  # capped at ⌊2.1⌋ = 2
+    masks = [budget_removal(g, 0.5), np.zeros(4, dtype=bool)]
+    drawn = random_removal(masks, np.random.default_rng(3))
+    assert [int(m.sum()) for m in drawn] == [3, 0] and [len(m) for m in drawn] == [7, 4]
+    again = random_removal(masks, np.random.default_rng(3))
+    assert all(np.array_equal(a, b) for a, b in zip(drawn, again))
