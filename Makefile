@@ -37,6 +37,8 @@ bench: setup   ## every benchmark → reports/bench/ (tens of minutes; not part 
 	python -m bench.fedbary_scaling
 	python -m bench.removal_sweep   # where noise costs FedAvg accuracy and whether FedBary removal wins it back (~7 min)
 	python -m bench.scale_out   # task runners side by side (needs data/partitions: dvc repro partition)
+	python -m bench.blas_threads   # fed_distance's jobs: task threads × BLAS threads (needs data/partitions)
+	python -m bench.coreset_users   # FedWaD fig. 5 / 12 at 20, 50, 100 clients (~6 min)
 
 gpu-check: setup   ## on a CUDA machine: GPU info, the gpu-marked tests, a timed tiny text-track run → reports/bench/gpu_check.txt
 	bash bench/gpu_check.sh

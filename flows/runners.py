@@ -2,7 +2,7 @@
 
 * ``sequential`` — one worker thread, jobs in order;
 * ``thread`` — ``run.max_workers`` threads of the stage's process (numpy / POT / torch release the GIL in
-  their kernels, so threads scale on one machine);
+  their large kernels, so threads scale on one machine where those dominate; see "Kinds mixed on threads");
 * ``dask`` — a Dask ``distributed`` cluster through ``prefect-dask``: with ``run.dask_address: null`` a
   local cluster of ``run.max_workers`` single-threaded worker *processes* is started for the stage and
   shut down after it; with an address (``tcp://host:8786``) the stage uses that running scheduler and its
@@ -18,6 +18,13 @@ Prefect API calls, more than many jobs' own work (a client pair's FedWaD session
 a stage's jobs therefore go as about :data:`TASKS_PER_WORKER` tasks per worker (:func:`batches`, jobs dealt
 round-robin); on threads each job stays its own task. ``python -m bench.scale_out`` measures both.
 
+**Kinds mixed on threads.** Threads share one interpreter lock: jobs made of many small numpy / POT / torch
+calls (a client pair's FedWaD session, a coreset run, an FL run) hold it most of the time and cannot overlap
+one another, while large network-simplex or BLAS calls (the toy study's n = 5,000 problems, the OTDD pairs at
+S = 1,000) run without it. A stage lists its jobs kind by kind; on ``thread`` they are *submitted* with every
+kind spread evenly over the queue (:func:`submission_order`), so that lock-bound jobs run beside lock-free
+ones; results still come back in job order.
+
 **Parties on workers.** :class:`DaskWorkers` is :class:`otfed.federation.parties.Workers` on a Dask
 cluster, for one protocol run spread over workers (``fedbary(..., workers=DaskWorkers(client))``): the
 clients become Dask actors, the server's per-client computations Dask tasks (``bench/fedbary_scale_out.py``).
@@ -27,14 +34,20 @@ clients become Dask actors, the server's per-client computations Dask tasks (``b
 Prefect API they can reach: a stage's temporary Prefect server listens on 127.0.0.1 only, so for workers
 on other hosts start a real server and export ``PREFECT_API_URL`` (README, "Scaling out").
 
-Worker processes start with one BLAS / OpenMP thread each (``distributed``'s default
-``OMP_NUM_THREADS=1``), the same as a stage's torch code on CPU (:func:`otfed.device.stage_device`): a
-stage gives the same numbers on every runner.
+**One BLAS thread per task.** Dask worker processes start with one BLAS / OpenMP thread each
+(``distributed``'s default ``OMP_NUM_THREADS=1``), and a stage's own process runs its numpy BLAS with one
+thread too (:func:`one_blas_thread`, around the whole stage), as its torch code on CPU does
+(:func:`otfed.device.stage_device`): every task uses one core, and a stage gives the same numbers on every
+runner. With BLAS's default (a thread per core) two task threads each called a threaded OpenBLAS on two
+cores, and the ``fed_distance`` stage's jobs ran *slower* on two threads than on one (84 s vs 59 s for its
+386 clustering, coreset and OTDD jobs); with one BLAS thread per task two threads took 46 s
+(``python -m bench.blas_threads``, reports/bench/blas_threads.md).
 """
 from __future__ import annotations
 
 import pickle
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from otfed.errors import ConfigError
 
@@ -75,6 +88,17 @@ def task_runner(kind: str, max_workers: int, dask_address: str | None = None) ->
     raise ValueError(f"run.task_runner must be one of {', '.join(RUNNERS)} (got {kind!r})")
 
 
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run the block with numpy's BLAS (OpenBLAS / MKL, through ``threadpoolctl``) on one thread, then restore
+    it (module docstring: one core per task, the same numbers on every runner). The limit is process-wide:
+    it covers every task thread the block starts."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def configure_worker_environ() -> None:
     """Worker processes that this process's Dask ``LocalCluster`` starts from now on get
     :data:`WORKER_ENVIRON` (dask config ``distributed.nanny.pre-spawn-environ``)."""
@@ -97,6 +121,23 @@ def dask_workers(client: Any) -> int:
     """How many tasks the cluster behind ``client`` runs at once (its workers' threads; at least 1)."""
     workers = client.scheduler_info(n_workers=-1).get("workers", {})
     return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
+
+
+def submission_order(kinds: list[Any]) -> list[int]:
+    """The order to submit jobs in, given each job's kind (e.g. its task function): every kind's jobs spread
+    evenly over the sequence (the i-th of a kind's n jobs at fraction (i + ½) / n; ties: the kind listed
+    first), each kind's jobs in their own order. A permutation of ``range(len(kinds))``."""
+    count: dict[Any, int] = {}
+    for kind in kinds:
+        count[kind] = count.get(kind, 0) + 1
+    first = {kind: k for k, kind in reversed(list(enumerate(kinds)))}
+    seen: dict[Any, int] = {}
+    keys = []
+    for k, kind in enumerate(kinds):
+        i = seen.get(kind, 0)
+        seen[kind] = i + 1
+        keys.append(((2 * i + 1) / (2 * count[kind]), first[kind], k))
+    return [k for *_, k in sorted(keys)]
 
 
 def batches(jobs: int, workers: int, per_worker: int | None = None) -> list[list[int]]:

@@ -127,11 +127,12 @@ def failed_task(exc: BaseException) -> str | None:
     return None
 
 
-def fan_out(jobs: list[Job], label: str = "stage") -> list[Any]:
+def fan_out(jobs: list[Job], label: str = "stage", mix_kinds: bool = False) -> list[Any]:
     """Run every job; results in job order, a progress line per finished job. Inside a flow run the jobs are
     Prefect task runs submitted to the flow's task runner — one per job, or on a Dask cluster one per
-    :func:`flows.runners.batches` group of jobs (a Dask task costs far more than a thread's); outside one
-    they run in-process, in order."""
+    :func:`flows.runners.batches` group of jobs (a Dask task costs far more than a thread's); with
+    ``mix_kinds`` (the ``thread`` runner) submitted in :func:`flows.runners.submission_order` of their task
+    functions. Outside a flow run they run in-process, in order."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
     from prefect.context import FlowRunContext
@@ -146,7 +147,8 @@ def fan_out(jobs: list[Job], label: str = "stage") -> list[Any]:
         return results
     calls = [dict(job.kwargs) for job in jobs]
     client = runners.dask_client(FlowRunContext.get().task_runner)
-    groups = [[k] for k in range(len(jobs))]
+    order = runners.submission_order([job.fn for job in jobs]) if mix_kinds else range(len(jobs))
+    groups = [[k] for k in order]
     if client is not None:  # large / shared arguments go to the cluster once, the jobs carry references
         calls = runners.scatter_shared(client, calls)
         groups = runners.batches(len(jobs), runners.dask_workers(client))
@@ -273,18 +275,19 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
         raise ConfigError(f"params.yaml: {stage.name}: required key is missing")
     read = params_read(p, stage)
     start = time.monotonic()
-    with tracking.stage_run(stage.name, tracking.flatten(read), tracking.params_hash(read),
+    with runners.one_blas_thread(), tracking.stage_run(stage.name, tracking.flatten(read), tracking.params_hash(read),
                             description=description(stage)) as run, ExitStack() as staged:
         dirs = {folder: staged.enter_context(io.staged_directory(folder)) for folder in stage.outputs}
         jobs = stage.jobs(p, dirs)
         announce(stage.name, f"{len(jobs)} tasks on "
                              f"{runners.describe(p.run.task_runner, p.run.max_workers, p.run.dask_address)} "
                              f"(MLflow run {run.run_id})")
-        results = fan_out(jobs, label=stage.name)
+        mix = p.run.task_runner == "thread"
+        results = fan_out(jobs, label=stage.name, mix_kinds=mix)
         if stage.followups is not None:
             more = stage.followups(p, results)
             announce(stage.name, f"{len(more)} follow-up tasks (built from the first {len(jobs)} results)")
-            results = results + fan_out(more, label=stage.name)
+            results = results + fan_out(more, label=stage.name, mix_kinds=mix)
         announce(stage.name, "report: tables, figures, metrics")
         reports = dirs[stage.outputs[0]]
         metrics = stage.report(p, results, TrackedReport(run, reports), dirs)

@@ -38,13 +38,12 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from pydantic import Field
 
 from otfed.device import to_device, torch_threads
 from otfed.fl.fedavg import (State, _client_update, _on_cpu, _sizes, _state_of, _tensors, build_model, fedavg,
-                             init_state, round_seed, server_aggregate)
+                             init_state, round_seed, server_aggregate, sgd_epochs)
 from otfed.schema import PositiveInt, Strict
 
 Algorithm = Literal["fedavg", "fedper", "fedrep"]
@@ -112,22 +111,6 @@ def _batch_orders(n: int, epochs: int, batch_size: int | None, seed: int, device
     return torch.arange(n, device=device).expand(max(epochs, 1), n)
 
 
-def _sgd(params: Sequence[nn.Parameter], forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-         y: torch.Tensor, orders: torch.Tensor, batch_size: int | None, lr: float) -> None:
-    """Plain SGD, in place, of ``params`` on the mean cross-entropy of ``forward`` over mini-batches taken in
-    ``orders`` (one row per epoch)."""
-    n = x.shape[0]
-    bs = n if batch_size is None else int(batch_size)
-    optimiser = torch.optim.SGD(params, lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
-    for order in orders:
-        for start in range(0, n, bs):
-            idx = order[start:start + bs]
-            optimiser.zero_grad()
-            loss_fn(forward(x[idx]), y[idx]).backward()
-            optimiser.step()
-
-
 def _fedper_update(body: State, head: State, data: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float,
                    seed: int, batch_size: int | None, device: str | torch.device) -> tuple[State, State]:
     return split_state(_client_update(join_state(body, head), data, epochs, lr, seed, batch_size, device))
@@ -154,10 +137,10 @@ def _fedrep_update(body: State, head: State, data: tuple[torch.Tensor, torch.Ten
             features = x
             for layer in body_layers:
                 features = torch.relu(layer(features))
-        _sgd(list(head_layer.parameters()), head_layer, features, y, orders[:head_epochs], batch_size, lr)
+        sgd_epochs(list(head_layer.parameters()), head_layer, features, y, orders[:head_epochs], batch_size, lr)
     if body_epochs > 0:  # φ ← SGD on CE(h_k(ReLU(φ(x))), y), h_k fixed
         head_layer.requires_grad_(False)
-        _sgd(list(body_layers.parameters()), model, x, y, orders[head_epochs:], batch_size, lr)
+        sgd_epochs(list(body_layers.parameters()), model, x, y, orders[head_epochs:], batch_size, lr)
     return split_state(_state_of(model))
 
 

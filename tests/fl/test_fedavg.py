@@ -172,3 +172,37 @@ def test_recording_updates_changes_nothing_and_the_updates_rebuild_each_round(dt
             assert update.start[key].device.type == "cpu" and update.start[key].dtype == dtype
             assert all(d[key].device.type == "cpu" for d in update.deltas)
         assert any(not torch.equal(d[key], update.deltas[0][key]) for d in update.deltas[1:] for key in state)
+
+
+@pytest.mark.parametrize("train_all", [True, False])
+def test_sgd_epochs_is_torch_optim_sgd_bit_for_bit(train_all: bool) -> None:
+    """The written-out SGD step equals ``torch.optim.SGD`` (no momentum, no weight decay) exactly, over
+    shuffled mini-batches with a ragged last batch, on all parameters or on the first layer only (FedRep's
+    body phase trains a subset; a parameter the loss does not reach is left alone by both)."""
+    from torch import nn
+
+    from otfed.fl.fedavg import sgd_epochs
+
+    def model() -> nn.Sequential:
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+    rng = torch.Generator().manual_seed(0)
+    x, y = torch.randn(23, 6, generator=rng), torch.randint(0, 3, (23,), generator=rng)
+    orders = torch.stack([torch.randperm(23, generator=rng) for _ in range(3)])
+    mine, theirs = model(), model()
+    if not train_all:
+        for m in (mine, theirs):
+            m[2].requires_grad_(False)
+    params = [p for p in mine.parameters() if p.requires_grad]
+    sgd_epochs(params, mine, x, y, orders, 4, 0.3)
+    optimiser = torch.optim.SGD([p for p in theirs.parameters() if p.requires_grad], lr=0.3)
+    for order in orders:
+        for start in range(0, 23, 4):
+            idx = order[start:start + 4]
+            optimiser.zero_grad()
+            nn.CrossEntropyLoss()(theirs(x[idx]), y[idx]).backward()
+            optimiser.step()
+    assert all(torch.equal(a, b) for a, b in zip(mine.parameters(), theirs.parameters()))
+    assert not torch.equal(mine[0].weight, model()[0].weight)  # it did train
+    assert torch.equal(mine[2].weight, model()[2].weight) != train_all

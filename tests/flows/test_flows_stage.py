@@ -66,6 +66,35 @@ def test_run_stage_swaps_outputs_in_and_logs_one_run(tmp_path: Path, mlflow_uri:
     assert parent.data.params["partition.federations.c.case"] == "1"  # the keys it declares it reads
 
 
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+def test_a_stage_runs_blas_on_one_thread_in_every_task_thread(tmp_path: Path, mlflow_uri: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two task threads each calling a BLAS that runs a thread per core oversubscribe the cores (fed_distance's
+    jobs ran slower on two threads than on one: bench/blas_threads). Every task thread of a stage sees BLAS
+    on one thread — as the Dask workers do — and the process gets its setting back afterwards."""
+    from prefect import flow
+    from threadpoolctl import threadpool_limits
+
+    from flows import runners
+
+    monkeypatch.chdir(tmp_path)
+    p = validate_params(PARAMS)
+    stage = Stage(name="noisy_removal", params=NoisyRemovalParams, outputs=("out/reports",),
+                  jobs=lambda p, dirs: [Job(f"job {i}", _blas_threads) for i in range(4)],
+                  report=lambda p, results, rep, dirs: {"seen": sorted({n for r in results for n in r})})
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert set(_blas_threads()) == {2}
+        metrics = flow(task_runner=runners.task_runner("thread", 2), validate_parameters=False)(
+            lambda: run_stage(stage, p))()
+        assert metrics == {"seen": [1]}
+        assert set(_blas_threads()) == {2}
+
+
 def test_a_failing_stage_leaves_the_previous_outputs_untouched(tmp_path: Path, mlflow_uri: str,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

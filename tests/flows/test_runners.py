@@ -115,6 +115,47 @@ def test_batches_deal_every_job_to_exactly_one_task_round_robin(jobs: int, worke
     assert max(map(len, groups), default=0) - min(map(len, groups), default=0) <= 1
 
 
+@pytest.mark.parametrize("counts", [(28, 20, 6, 380, 12), (1,), (3, 3), (1, 9, 2), (0, 5)])
+def test_submission_order_spreads_every_kind_evenly_and_keeps_each_kinds_order(counts: tuple[int, ...]) -> None:
+    """A permutation; each kind's jobs in their own order; every prefix of the order holds each kind in
+    proportion to its share, to within (kinds + 1) / 2 jobs (the i-th of n at fraction (i + ½) / n)."""
+    kinds = [kind for kind, n in enumerate(counts) for _ in range(n)]
+    order = runners.submission_order(kinds)
+    assert sorted(order) == list(range(len(kinds)))
+    for kind in set(kinds):
+        mine = [k for k in order if kinds[k] == kind]
+        assert mine == sorted(mine)
+        for length in range(1, len(order) + 1):
+            in_prefix = sum(kinds[k] == kind for k in order[:length])
+            assert abs(in_prefix - length * counts[kind] / len(kinds)) <= (len(counts) + 1) / 2
+
+
+def _tag(kind: str, k: int, started: list) -> str:
+    started.append(f"{kind}{k}")
+    return f"{kind}{k}"
+
+
+def _other(kind: str, k: int, started: list) -> str:
+    return _tag(kind, k, started)
+
+
+def test_fan_out_mixing_kinds_submits_them_interleaved_and_returns_results_in_job_order() -> None:
+    """On one thread the tasks run in submission order: with mix_kinds two kinds listed one after the other
+    run alternately; the results come back in job order all the same."""
+    from prefect import flow
+
+    from flows import stage
+    from stages.stage import Job
+
+    started: list[str] = []
+    jobs = [Job(f"a {k}", _tag, dict(kind="a", k=k, started=started)) for k in range(3)] + \
+           [Job(f"b {k}", _other, dict(kind="b", k=k, started=started)) for k in range(3)]
+    results = flow(task_runner=runners.task_runner("thread", 1), validate_parameters=False)(
+        lambda: stage.fan_out(jobs, "test", mix_kinds=True))()
+    assert results == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    assert started == ["a0", "b0", "a1", "b1", "a2", "b2"]
+
+
 def _square(k: int) -> int:
     return k * k
 
