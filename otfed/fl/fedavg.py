@@ -160,15 +160,21 @@ def _client_update(state: State, data: tuple[torch.Tensor, torch.Tensor], epochs
     n = x.shape[0]
     if n == 0:
         raise ValueError("client has no samples")
-    generator = torch.Generator().manual_seed(int(seed))
-    bs = n if batch_size is None else int(batch_size)
     model.train()
-    if bs < n and epochs > 0:
-        orders = to_device(torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)]), device)
-    else:
-        orders = torch.arange(n, device=device).expand(max(epochs, 1), n)
-    sgd_epochs(list(model.parameters()), model, x, y, orders[:epochs], batch_size, lr)
+    sgd_epochs(list(model.parameters()), model, x, y, batch_orders(n, epochs, batch_size, seed, device)[:epochs],
+               batch_size, lr)
     return _state_of(model)
+
+
+def batch_orders(n: int, epochs: int, batch_size: int | None, seed: int, device: str | torch.device) -> torch.Tensor:
+    """One sample order per epoch (``epochs`` × n, on ``device``): random permutations drawn one epoch after
+    the other from a CPU generator seeded with ``seed`` when mini-batching (the same batches on any device),
+    the identity for full batches (then max(epochs, 1) rows)."""
+    bs = n if batch_size is None else int(batch_size)
+    if bs < n and epochs > 0:
+        generator = torch.Generator().manual_seed(int(seed))
+        return to_device(torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)]), device)
+    return torch.arange(n, device=device).expand(max(epochs, 1), n)
 
 
 def sgd_epochs(params: Sequence[nn.Parameter], forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,

@@ -41,9 +41,9 @@ import torch
 
 from pydantic import Field
 
-from otfed.device import to_device, torch_threads
-from otfed.fl.fedavg import (State, _client_update, _on_cpu, _sizes, _state_of, _tensors, build_model, fedavg,
-                             init_state, round_seed, server_aggregate, sgd_epochs)
+from otfed.device import torch_threads
+from otfed.fl.fedavg import (State, _client_update, _on_cpu, _sizes, _state_of, _tensors, batch_orders, build_model,
+                             fedavg, init_state, round_seed, server_aggregate, sgd_epochs)
 from otfed.schema import PositiveInt, Strict
 
 Algorithm = Literal["fedavg", "fedper", "fedrep"]
@@ -100,17 +100,6 @@ def join_state(body: State, head: State) -> State:
 
 # ---------------------------------------------------------------------------------------------- clients
 
-def _batch_orders(n: int, epochs: int, batch_size: int | None, seed: int, device: str | torch.device) -> torch.Tensor:
-    """One sample order per epoch (``epochs`` × n, on ``device``): random permutations drawn one epoch after
-    the other from a CPU generator seeded with ``seed`` when mini-batching — as
-    :func:`otfed.fl.fedavg.client_update` draws them —, the identity for full batches."""
-    bs = n if batch_size is None else int(batch_size)
-    if bs < n and epochs > 0:
-        generator = torch.Generator().manual_seed(int(seed))
-        return to_device(torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)]), device)
-    return torch.arange(n, device=device).expand(max(epochs, 1), n)
-
-
 def _fedper_update(body: State, head: State, data: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float,
                    seed: int, batch_size: int | None, device: str | torch.device) -> tuple[State, State]:
     return split_state(_client_update(join_state(body, head), data, epochs, lr, seed, batch_size, device))
@@ -131,7 +120,7 @@ def _fedrep_update(body: State, head: State, data: tuple[torch.Tensor, torch.Ten
         raise ValueError("client has no samples")
     model = build_model(join_state(body, head), device).train()
     head_layer, body_layers = model.layers[-1], model.layers[:-1]
-    orders = _batch_orders(n, head_epochs + body_epochs, batch_size, seed, device)
+    orders = batch_orders(n, head_epochs + body_epochs, batch_size, seed, device)
     if head_epochs > 0:  # h_k ← SGD on CE(h(ReLU(φ(x))), y), φ fixed
         with torch.no_grad():
             features = x
