@@ -12,7 +12,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup pipeline test bench clean-runs mlflow-server gpu-check
+.PHONY: setup pipeline test bench clean-runs mlflow-server gpu-check device-kit
 
 $(VENV)/.installed: requirements.lock
 	python3 -m venv $(VENV)
@@ -42,6 +42,9 @@ bench: setup   ## every benchmark → reports/bench/ (tens of minutes; not part 
 
 gpu-check: setup   ## on a CUDA machine: GPU info, the gpu-marked tests, a timed tiny text-track run → reports/bench/gpu_check.txt
 	bash bench/gpu_check.sh
+
+device-kit: setup   ## .devkit/: what a GPU node without a package index lacks (CPython 3.12), for bench/gpu_session.sh
+	python -m bench.device_kit $(if $(WITH_DVC),--with-dvc)
 
 clean-runs:  ## forget local MLflow / Prefect history (not the DVC outputs)
 	rm -rf mlruns.db mlartifacts .prefect

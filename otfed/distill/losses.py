@@ -104,9 +104,11 @@ def ensemble_loss(
       are divided by their sum, as in the papers' appendix E.
     - ``kind``: "sinkhorn" — T = entropic OT transport cost on the label support with ground ``cost``
       (a C×C tensor or a :class:`LabelSpace`) and regularisation ``eps`` (``sinkhorn_options`` go to
-      :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`, e.g. ``value="regularized"``, or
-      ``threads=None`` to solve with torch's intra-op thread setting instead of one thread); or "kl" —
-      T = KL(h_k(x) || h_θ(x)), the "Entropy" baseline.
+      :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`, e.g. ``value="regularized"``;
+      ``solver="fixed"`` for the fixed-shape solver, which never makes the host wait for a GPU inside
+      the solve, instead of the default adaptive ``"newton"``; ``n_iter``; or ``threads=None`` to solve with
+      torch's intra-op thread setting instead of one thread); or "kl" — T = KL(h_k(x) || h_θ(x)), the
+      "Entropy" baseline.
     - ``reduction``: "mean" (a scalar) or "none" (the B per-sample losses).
     - ``check_weights``: raise ValueError on a negative or non-finite weight. Reading the values is a host
       sync on a GPU: a training loop checks all its weights once (:func:`validate_weights`) and passes False.

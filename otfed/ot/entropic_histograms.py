@@ -42,11 +42,31 @@ In both cases the histograms are renormalised to sum 1 inside, so gradients are 
 meaningful). Only first derivatives are available (no double backward); ``plan``, ``f`` and ``g`` of
 :class:`HistogramTransport` are returned without gradient.
 
-**Solver.** Both solvers work in the log domain in float64 (inputs of any float dtype are converted;
-results come back in the inputs' dtype), with ε-scaling: ε runs geometrically (factor ``eps_scaling``)
-from the largest label cost down to the requested ε, the potentials of one stage warm-starting the
-next. ε is absolute, in the units of the cost (like POT's ``reg`` and geomloss's ``blur`` for p = 1).
+**Solver.** All three solvers work in the log domain in float64 (inputs of any float dtype are
+converted; results come back in the inputs' dtype), with ε-scaling: ε runs geometrically (factor
+``eps_scaling``) from the largest label cost down to the requested ε, the potentials of one stage
+warm-starting the next. ε is absolute, in the units of the cost (like POT's ``reg`` and geomloss's
+``blur`` for p = 1).
 
+- ``solver="fixed"`` maximises the same semi-dual as "newton" (below) with a *fixed program*
+  made for GPUs, where the adaptive solver's read-backs (active sets, acceptance tests, ``.item()``)
+  stall the device at every step: a plan of steps decided from ε and max C alone (:func:`_fixed_plan`:
+  ε-scaling by 1/2; one predictor–corrector step per stage change — the Newton step and the solution
+  path's tangent from one factorisation; two more Newton steps per stage in the band 2⁻⁹ ≤ ε/max C ≤
+  2⁻², where the plan turns sparse and the path bends; eight at the final ε), every step taking, for
+  every problem, the best of a fixed set of candidates evaluated together (:func:`_fixed_step`: full,
+  damped, clipped and scaled Newton steps, the Sinkhorn step, staying; the best is the one with the
+  highest J, ties within rounding going to the smallest marginal error — a ``torch.where``/argmin,
+  never a Python branch). Every tensor has a shape fixed by (B, K, C) and the plan, the sequence of
+  operations is the same for any values (``tests/ot/test_ot_histograms_fixed.py`` records it), and
+  nothing is read back to the host between the input check (one read of the checks and max C) and the
+  return: the marginal error and the ``converged`` flag are returned as tensors, and the loss's
+  warning about them comes, on a GPU, one call later (see :func:`sinkhorn_histogram_loss`). The
+  closed-form gradients below are unchanged. It does more arithmetic than "newton" (every problem
+  runs every step with every candidate), so on a CPU it is slower (measured below). It is not the
+  default: it was built for GPUs and has not been timed on one yet (``python -m
+  bench.sinkhorn_backends --device cuda`` and ``python -m bench.distill_step --device cuda --solver
+  fixed`` do that; ``bench/gpu_session.sh`` runs them on a lent GPU machine).
 - ``solver="newton"`` (default) maximises the entropic semi-dual J(g) = ⟨ν, g⟩ + ⟨μ, f(g)⟩, where
   f_i(g) = −ε LSE_j(log ν_j + (g_j − C_ij)/ε) is the exact soft c-transform (so the plan's row
   marginals are always exact). Each problem has only C unknowns. The potentials start at
@@ -67,7 +87,7 @@ next. ε is absolute, in the units of the cost (like POT's ``reg`` and geomloss'
   already at ε = 0.1 with SA's costs up to 4, and leaves a sizeable fraction unconverged after
   thousands of iterations at the papers' ε = 1e-3 (``tests/ot/test_ot_entropic_histograms.py``).
 
-**Measured** on this project's 2 CPU cores, shared with other processes (``python -m
+**Measured, newton** on this project's 2 CPU cores, shared with other processes (``python -m
 bench.distill_speed``, ``python -m bench.distill_step``, ``python -m bench.distill_speed
 --convergence-sweep --seeds 0 1 2``): 1024 samples × 6 teachers × 5 labels, forward + backward, take
 0.17 / 0.25 / 0.26 s at ε = 1e-1 / 1e-2 / 1e-3 (load ≈ 1; up to 0.6 s when other processes load the
@@ -81,6 +101,25 @@ near-identical and one-hot pairs; SA, ERC and NLI costs; ε = 1e-1, 1e-2, 3e-3, 
 every one converged within the default budget (27 s in all; the replaced solver: 79 s and one
 unconverged near-identical NLI pair).
 
+**Measured, fixed vs newton** on the same 2 shared CPU cores (``python -m bench.sinkhorn_backends``,
+``python -m bench.distill_step``, ``python -m bench.sinkhorn_backends --convergence-sweep --seeds 0 1 2
+--solvers fixed newton``; ``reports/bench/sinkhorn_backends.md``, ``distill_step.md``,
+``sinkhorn_convergence.csv``). Forward + backward for B × 6 SA problems at ε = 0.1 / 0.01 / 0.001:
+B = 32: 28 / 40 / 53 ms (newton 17 / 23 / 31 ms); B = 256: 171 / 246 / 322 ms (newton 45 / 67 / 95 ms).
+Host reads per forward + backward: 1 (the input check) against newton's 113–289. Dispatched torch
+operations per call (about one kernel launch each on a GPU): 3,800 / 5,400 / 6,400 (newton 3,600 /
+5,300–7,000 / 7,100–10,300), so in eager mode a GPU still pays some ms of launch overhead per call;
+what the fixed program adds is that it never waits for the device and runs the same operations
+whatever the values (capturable, e.g. in a CUDA graph). Values within 1e-12 of POT's ``sinkhorn_log``
+run to convergence (newton: 1e-9). In the training step (BERT-tiny-shaped student, torch's two
+threads, load 2–3) the loss adds 0.03 / 0.05 / 0.05 s at batch 32 and 0.15 / 0.22 / 0.31 s at batch
+256. Convergence sweep (float32 inputs; Dirichlet 1 / 0.1 / 0.03, softmax of N(0, 5²) and N(0, 10²)
+logits, near-identical pairs, one-hot students against Dirichlet or smoothed one-hot teachers;
+ε = 1e-1, 1e-2, 3e-3, 1e-3; seeds 0–2): on KNOT's costs (SA, ERC, NLI, one-hot ablation) 3 of
+589,824 pairs end above the tolerance 1e-9 (worst 1.5e-6, Dirichlet(0.03) and N(0, 10²) histograms on
+ERC's cost); on two costs KNOT does not use (the authors' 6-D coordinates, 7 random points) 17 of
+294,912 (worst 7.5e-5); newton: none (153 s against 64 s in all).
+
 **Threads.** The solve runs on one torch intra-op thread (``threads=1``, the default) through
 :func:`otfed.device.torch_threads`: nothing is changed when torch already runs with one thread (a CPU
 stage pins it), and otherwise the caller's setting is restored on return, with concurrent threads kept
@@ -92,7 +131,8 @@ for a descheduled thread — measured on 2 shared cores, the loss for 256 sample
 
 Convergence is checked per problem: the L1 error of the column marginal ||Pᵀ1 − ν||₁ (rows are exact by
 construction) must fall below ``tol``. :class:`HistogramTransport` reports the error, the step count
-and a ``converged`` flag; :func:`sinkhorn_histogram_loss` warns or raises when the budget runs out.
+and a ``converged`` flag (a 0-d tensor for "fixed"); :func:`sinkhorn_histogram_loss` warns or raises
+when the budget runs out (for "fixed", whose budget is its plan: ``solver="newton"`` is the fallback).
 
 Caveat: for μ = ν exactly (e.g. the LwF teacher at the start of distillation) at tiny ε the plan is
 diagonal to working precision and the Newton system behind the ``value="transport"`` gradient is
@@ -101,7 +141,9 @@ slightly regularised problem. ``value="regularized"`` (gradient f) has no such i
 """
 from __future__ import annotations
 
+import math
 import warnings
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -110,7 +152,8 @@ from torch.autograd.function import once_differentiable
 from otfed.device import torch_threads
 from otfed.errors import OTConvergenceError
 
-SOLVERS = ("newton", "sinkhorn")
+SOLVERS = ("fixed", "newton", "sinkhorn")
+DEFAULT_SOLVER = "newton"
 VALUES = ("transport", "regularized")
 ON_UNCONVERGED = ("warn", "raise", "ignore")
 
@@ -125,6 +168,15 @@ _STAGE_TOL = 1e-3
 _TINY = 1e-300
 _RIDGE = 1e-12  # guards the implicit-gradient solve against numerically disconnected plans
 _MASS_TOLERANCE = 1e-2  # |Σ histogram − 1| above this is an input error (logits, wrong axis)
+# the fixed-shape solver (solver="fixed"); units of ε for the radii
+_FIXED_SCALING = 0.5  # its ε-scaling factor
+_FIXED_STEPS = ((2.0 ** -2, 0), (2.0 ** -9, 2), (0.0, 0))  # Newton steps of a stage: (least ε/max C, steps)
+_FIXED_FINAL_STEPS = ((0.0, 8),)  # … of the last stage
+_FIXED_DAMPING = (1e-6, 1e-3)  # Levenberg–Marquardt candidates
+_FIXED_NEWTON_RADII = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the Newton step clipped to these
+_FIXED_DAMPED_RADII = (2.0, 8.0, 32.0)  # the least-damped step scaled to these
+_FIXED_SHIFT_BOUND = 32.0  # moves up to this are evaluated from the step's exponentials
+assert max(_FIXED_NEWTON_RADII + _FIXED_DAMPED_RADII) <= _FIXED_SHIFT_BOUND
 
 
 @dataclass(frozen=True)
@@ -139,8 +191,9 @@ class HistogramTransport:
     - ``plan`` (B, K, C, C): P_ij = μ_i ν_j exp((f_i + g_j − C_ij)/ε); row i = student label i (no gradient).
     - ``f``, ``g`` (B, K, C): dual potentials of the papers' eq. 4 (in the units of the cost; no gradient).
     - ``marginal_error`` (B, K): ||Pᵀ1 − ν||₁ (rows are exact).
-    - ``n_steps``: solver steps taken in total (ε-scaling stages included).
-    - ``converged``: every problem reached ``marginal_error ≤ tol``.
+    - ``n_steps``: solver steps taken in total (ε-scaling stages included; for "fixed", its plan's length).
+    - ``converged``: every problem reached ``marginal_error ≤ tol`` — a bool, or for ``solver="fixed"`` a
+      0-d bool tensor on the inputs' device (``bool()`` of it reads it back, on a GPU waiting for the solve).
     """
 
     cost: torch.Tensor
@@ -150,7 +203,7 @@ class HistogramTransport:
     g: torch.Tensor
     marginal_error: torch.Tensor
     n_steps: int
-    converged: bool
+    converged: bool | torch.Tensor
     eps: float
     tol: float
 
@@ -171,8 +224,12 @@ def _safe_log(x: torch.Tensor) -> torch.Tensor:
 
 def _checked_inputs(
     p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """(p as B×1×C, q as B×K×C, cost as C×C, whether q came as B×C); raises ValueError on bad input."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, float]:
+    """(p as B×1×C, q as B×K×C, cost as C×C, whether q came as B×C, max C); raises ValueError on bad input.
+
+    The values are checked, and max C read, in one read-back to the host (on a GPU, one synchronisation
+    per call, before any solver work).
+    """
     if not (torch.is_tensor(p) and torch.is_tensor(q)):
         raise TypeError("p and q must be torch tensors")
     cost = torch.as_tensor(cost, device=p.device)
@@ -186,28 +243,30 @@ def _checked_inputs(
     n = p.shape[-1]
     if cost.shape != (n, n):
         raise ValueError(f"cost must be {n}×{n} for {n} labels, got {tuple(cost.shape)}")
-    for name, x in (("p", p), ("q", q)):
-        x = x.detach()
-        if not torch.isfinite(x).all():
+    zero = torch.zeros((), dtype=_solve_dtype(p.device), device=p.device)
+    flags = []
+    for x in (p.detach(), q.detach()):
+        flags += [(~torch.isfinite(x)).any().to(zero.dtype), (x < 0).any().to(zero.dtype),
+                  (x.sum(-1).to(zero.dtype) - 1).abs().amax() if x.numel() else zero]
+    c = cost.detach()
+    flags += [((~torch.isfinite(c)) | (c < 0)).any().to(zero.dtype), c.amax().to(zero.dtype) if c.numel() else zero]
+    values = torch.stack(flags).tolist()  # the one host read
+    for name, (nonfinite, negative, mass_error) in (("p", values[0:3]), ("q", values[3:6])):
+        if nonfinite:
             raise ValueError(f"histograms {name} contain NaN or inf")
-        if (x < 0).any():
+        if negative:
             raise ValueError(f"histograms {name} have negative entries (pass probabilities, not logits)")
-        mass_error = (x.sum(-1) - 1).abs().max().item() if x.numel() else 0.0
         if mass_error > _MASS_TOLERANCE:
             raise ValueError(f"histograms {name} must sum to 1 over the last axis (off by up to {mass_error:.3g})")
-    if not torch.isfinite(cost).all() or (cost < 0).any():
+    if values[6]:
         raise ValueError("cost must be finite and non-negative")
-    return p[:, None, :], q, cost, single
+    return p[:, None, :], q, cost, single, values[7]
 
 
-def _eps_schedule(cost: torch.Tensor, eps: float, eps_scaling: float) -> list[float]:
+def _eps_schedule(cmax: float, eps: float, eps_scaling: float) -> list[float]:
     """ε-scaling stages: max(C), max(C)·s, max(C)·s², … (all > ε), then ε itself (last entry)."""
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
-    if not 0 < eps_scaling < 1:
-        raise ValueError(f"eps_scaling must lie in (0, 1), got {eps_scaling!r}")
     stages = []
-    e = float(cost.max()) if cost.numel() else 0.0
+    e = cmax
     while e > eps:
         stages.append(e)
         e *= eps_scaling
@@ -474,6 +533,182 @@ def _sinkhorn_solve(p, q, log_q, support, cost, schedule, n_iter, tol, check_eve
 
 
 # ----------------------------------------------------------------------------------------------------
+# the fixed-shape solver (solver="fixed"): the same semi-dual, a precomputed plan of steps, no host sync
+#
+# Potentials are carried as h = g/ε (units of ε): the logits are S = log ν + h − C/ε and J/ε replaces J.
+# Every tensor has a shape fixed by the number of problems, C and the plan; every choice between steps
+# is an argmin over candidates evaluated together, never Python control flow on values.
+
+
+def _fixed_plan(
+    cmax: float, eps: float, eps_scaling: float, final_steps: int | None = None
+) -> list[tuple[float, float]]:
+    """The fixed solver's steps as (ε of the linearisation, target ε) pairs, from ε and max C alone.
+
+    Stages ε_0 = max C, ε_0·s, ε_0·s², … (all > ε), then ε (as :func:`_eps_schedule`). The move from one
+    stage to the next is one predictor–corrector step (ε_k → ε_{k+1}); a stage then gets the number of
+    plain Newton steps ``_FIXED_STEPS`` gives its ε/max C (two in the band where the plan turns from
+    diffuse to nearly sparse and the solution path bends; none above it, where Newton is at home, or
+    below it, where the predictor alone lands within rounding), and the last stage the number
+    ``_FIXED_FINAL_STEPS`` gives, capped by ``final_steps``.
+    """
+    stages = _eps_schedule(cmax, eps, eps_scaling)
+
+    def steps(table, ratio):
+        return next(n for bound, n in table if ratio >= bound)
+
+    plan = []
+    for k, e in enumerate(stages):
+        if k:
+            plan.append((stages[k - 1], e))
+        ratio = e / cmax if cmax > 0 else 1.0
+        if k == len(stages) - 1:
+            n = steps(_FIXED_FINAL_STEPS, ratio)
+            n = n if final_steps is None else min(n, final_steps)
+        else:
+            n = steps(_FIXED_STEPS, ratio)
+        plan.extend([(e, e)] * n)
+    return plan
+
+
+def _fixed_base(p, q, log_q, h, cost_e, with_plan=True):
+    """At potentials h (units of ε; may carry a leading axis of candidates): (π, Pᵀ1, lse, J/ε, base).
+
+    π is the conditional plan (None unless ``with_plan``), Pᵀ1 the column marginal, lse the row
+    log-sum-exp of S = log ν + h − C/ε (``cost_e`` = C/ε), J/ε = ⟨ν, h⟩ − ⟨μ, lse⟩ the semi-dual, and
+    ``base`` (with the plan) = (E = exp(S − max_j S), the row maxima), for :func:`_fixed_shifted`.
+    """
+    S = (log_q + h).unsqueeze(-2) - cost_e
+    m = S.amax(-1, keepdim=True)
+    E = (S - m).exp_()
+    s = E.sum(-1, keepdim=True)
+    lse = (m + s.log()).squeeze(-1)
+    J = torch.linalg.vecdot(q, h) - torch.linalg.vecdot(p, lse)
+    if not with_plan:
+        return None, ((p / s.squeeze(-1)).unsqueeze(-2) @ E).squeeze(-2), lse, J, None
+    pi = E / s
+    return pi, (p.unsqueeze(-2) @ pi).squeeze(-2), lse, J, (E, m.squeeze(-1))
+
+
+def _fixed_shifted(p, q, h, base, D):
+    """(Pᵀ1, J/ε) at h + d for moves d (leading axis; problems flattened to N×C) of at most
+    ``_FIXED_SHIFT_BOUND`` in every coordinate, from E = exp(S − max_j S) at h (``base``).
+
+    exp(S_ij + d_j − max_j S_ij − max d) = E_ij·exp(d_j − max d): two small matrix products instead of
+    a new exponential of every logit. Entries of E that underflowed (below e^−745 of their row's
+    largest) stay below e^(−745 + 2·bound) of the shifted row's largest — far below rounding.
+    """
+    E, m = base
+    top = D.amax(-1, keepdim=True)
+    w = (D - top).exp_()
+    s = torch.bmm(E, w.permute(1, 2, 0)).permute(2, 0, 1)  # Σ_j E_ij w_j
+    col = w * torch.bmm((p / s).transpose(0, 1), E).transpose(0, 1)  # Σ_i (μ_i / s_i) E_ij w_j
+    return col, torch.linalg.vecdot(q, h + D) - torch.linalg.vecdot(p, m + top + s.log())
+
+
+def _fixed_step(p, q, log_q, log_q_floor, off, h, cost, eps_from, eps_to, max_step, constant):
+    """One step of the fixed solver for all N problems: linearise at (h, ε_from), move to ε_to.
+
+    With ρ = ε_from/ε_to the target potentials are h' = ρ(h + y₁) + (ρ − 1) y₂ (units of ε_to), where
+    y₁ = R Â⁻¹ R ∇J is the Newton step at ε_from (:func:`_scaled_newton_matrix`) and
+    y₂ = R Â⁻¹ R ε ∂(Pᵀ1)/∂ε the solution path's tangent (:func:`_predicted_potentials`), both from
+    one factorisation. ρ = 1 is
+    a plain Newton step. Candidates, evaluated together at ε_to:
+
+    - staying (ρh); the full step; Levenberg–Marquardt steps with R (Â + λI)⁻¹ R ∇J, λ ∈
+      ``_FIXED_DAMPING``; for ρ > 1 also the Newton step alone and the tangent alone;
+    - the full step clipped to a largest coordinate of each of ``_FIXED_NEWTON_RADII``, and the
+      least-damped step scaled to each of ``_FIXED_DAMPED_RADII`` (units of ε_to): near a sparse plan
+      the full step overshoots, while far from the optimum J is exponentially flat along some
+      directions that need moves of many ε and where the rounded Newton step may even point downhill;
+    - for ρ = 1 the Sinkhorn step log ν − log Pᵀ1, the exact maximiser of J along each h_j alone.
+
+    Taken, per problem: among the candidates whose J/ε is within rounding of the best one, the one with
+    the smallest marginal error (J never falls beyond rounding; near the optimum, where J cannot tell
+    steps apart, the error decides). The old solver's eigendecomposition-based steps are left out (an
+    eigensolver reads its convergence flag back to the host on a GPU).
+
+    ``constant(values)`` gives a tuple of numbers as a tensor on the problems' device (made there once).
+    Returns the new h (units of ε_to) and the marginal error ||Pᵀ1 − ν||₁ before the step.
+    """
+    cost_e = cost / eps_from
+    pi, col, lse, J, base = _fixed_base(p, q, log_q, h, cost_e)
+    grad = q - col
+    error = grad.abs().sum(-1)
+    # Â (:func:`_scaled_newton_matrix`, without its masks: off = 1 − s is 1 where ν_j = 0, and there
+    # π_·j = Pᵀ1_j = 0, so the row and column of j reduce to the pinned 1 on the diagonal)
+    m = torch.maximum(q, col) + off
+    r = m.rsqrt()
+    u = m.sqrt() * (1 - off)
+    u = u / torch.linalg.vector_norm(u, dim=-1, keepdim=True).clamp_min(_TINY)
+    X = pi * r.unsqueeze(-2)
+    A = torch.diag_embed(col * r * r + off) + u.unsqueeze(-1) * u.unsqueeze(-2) - (X * p.unsqueeze(-1)).mT @ X
+    rho = eps_from / eps_to
+    rhs = (r * grad).unsqueeze(-1)
+    if rho != 1.0:
+        b = cost_e - h.unsqueeze(-2)  # (C − g)/ε = ε ∂S/∂ε at fixed g
+        dcol = (p.unsqueeze(-2) @ (pi * (b - (pi * b).sum(-1, keepdim=True)))).squeeze(-2)
+        rhs = torch.cat([rhs, (r * dcol).unsqueeze(-1)], -1)
+    A = A + constant((0.0,) + _FIXED_DAMPING)[:, None, None, None] * constant("eye")
+    y = torch.linalg.solve_ex(A, rhs)[0] * r.unsqueeze(-1)  # no error check: no host sync
+    moves = y[..., 0] * rho  # Newton, then the damped steps
+    if rho != 1.0:
+        tangent = (rho - 1) * y[0, ..., 1]
+        moves = torch.cat([moves + tangent, moves[:1], tangent.unsqueeze(0)])
+    moves = torch.nan_to_num(moves).clamp_(-max_step, max_step)
+    near = [torch.zeros_like(moves[:1])]  # moves of at most _FIXED_SHIFT_BOUND
+    far = [moves]
+    radii = tuple(t for t in _FIXED_NEWTON_RADII if t < max_step)
+    if radii:
+        step = moves[0]
+        radii = constant(radii).unsqueeze(-1)
+        near.append(step * (radii / step.abs().amax(-1).clamp_min(_TINY)).clamp_(max=1.0).unsqueeze(-1))
+    radii = tuple(t for t in _FIXED_DAMPED_RADII if t < max_step)
+    if radii:
+        step = moves[1]
+        radii = constant(radii).unsqueeze(-1)
+        near.append(step * (radii / step.abs().amax(-1).clamp_min(_TINY)).unsqueeze(-1))
+    if rho == 1.0:
+        far.append((log_q_floor - col.clamp_min(_TINY).log()).unsqueeze(0))
+    near, far = torch.cat(near), torch.cat(far)
+    h0 = h * rho
+    cost_to = cost / eps_to
+    if rho != 1.0:  # the exponentials at the target ε around the rescaled potentials
+        base = _fixed_base(p, q, log_q, h0, cost_to)[-1]
+    col_n, J_n = _fixed_shifted(p, q, h0, base, near)
+    _, col_f, _, J_f, _ = _fixed_base(p, q, log_q, h0 + far, cost_to, with_plan=False)
+    D = torch.cat([near, far])
+    J_c = torch.nan_to_num(torch.cat([J_n, J_f]), nan=-math.inf)
+    tie = J_c >= J_c.amax(0) - _J_ROUNDING * (1 + max_step)
+    best = torch.where(tie, (q - torch.cat([col_n, col_f])).abs().sum(-1), math.inf).argmin(0)
+    return h0 + D.gather(0, best.unsqueeze(0).unsqueeze(-1).expand(1, *h.shape)).squeeze(0), error
+
+
+def _fixed_solve(p, q, cost, plan, cmax):
+    """Maximise the semi-dual of KNOT's eq. 1 (the papers' dual eq. 4 with f the soft c-transform of g) by
+    the fixed plan (:func:`_fixed_plan`) for N problems p, q (N×C; ν's zeros allowed); returns the
+    potentials g (N×C, in the units of the cost; 0 where ν = 0). No host synchronisation: every shape
+    and every Python branch depends on N, C and the plan only."""
+    support = q > 0
+    off = (~support).to(q.dtype)
+    log_q = _safe_log(q)
+    log_q_floor = q.clamp_min(_TINY).log()
+    h = (p.unsqueeze(-1) * cost).sum(-2) / plan[0][0]  # g_j = Σ_i μ_i C_ij, the solution's limit for ε → ∞
+    scale = cmax if cmax > 0 else 1.0
+    made = {"eye": torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)}
+
+    def constant(values):
+        # made on the device by fill kernels: torch.tensor(list) would copy from the host, a synchronisation
+        if values not in made:
+            made[values] = torch.stack([torch.full((), v, dtype=q.dtype, device=q.device) for v in values])
+        return made[values]
+
+    for eps_from, eps_to in plan:
+        h, _ = _fixed_step(p, q, log_q, log_q_floor, off, h, cost, eps_from, eps_to, scale / eps_to, constant)
+    return torch.where(support, h * plan[-1][1], 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------
 # values and gradients at the solution
 
 
@@ -517,7 +752,7 @@ def _values_and_gradients(pw, qw, log_q, support, g, cost, eps, with_gradients):
     col = plan.sum(-2)
     A, r = _scaled_newton_matrix(pw, pi, col, qw, support)
     A = A + _RIDGE * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-    w = torch.where(support, r * torch.linalg.solve(A, (r * h)[..., None])[..., 0], 0.0)
+    w = torch.where(support, r * torch.linalg.solve_ex(A, (r * h)[..., None])[0][..., 0], 0.0)  # no host sync
     grad_mu = row_cost - (pi @ w[..., None])[..., 0]
     return plan, transport, regularized, f, (grad_mu, w, f, g)
 
@@ -534,19 +769,23 @@ def entropic_histogram_transport(
     n_iter: int = 300,
     *,
     tol: float = DEFAULT_TOL,
-    eps_scaling: float = 0.25,
-    solver: str = "newton",
+    eps_scaling: float | None = None,
+    solver: str = DEFAULT_SOLVER,
     threads: int | None = 1,
 ) -> HistogramTransport:
     """Solve KNOT's eq. 1 for every (sample, teacher) pair: plan, potentials, values and convergence.
 
     ``p`` (B×C) are student histograms, ``q`` (B×K×C, or B×C for one teacher) teacher histograms,
     ``cost`` the C×C ground cost, ``eps`` the absolute entropic regularisation (same units as the cost,
-    like POT's ``reg`` and geomloss's ``blur`` for p = 1). ``n_iter`` bounds the solver steps at the
-    final ε (each ε-scaling stage adds at most a few). ``threads``: torch intra-op threads while
-    solving (default 1, see the module docstring; None leaves torch's setting alone). See the module
-    docstring for the solvers, the returned quantities and how gradients flow; ``cost`` and
-    ``regularized`` are differentiable (once) w.r.t. ``p`` and ``q``; ``plan``, ``f``, ``g`` are not.
+    like POT's ``reg`` and geomloss's ``blur`` for p = 1). ``solver``: "newton" (default; adaptive,
+    active sets), "fixed" (a precomputed plan of steps with no host synchronisation, for GPUs) or
+    "sinkhorn" (the papers' Algorithm 1) — see the module docstring. ``n_iter`` bounds the solver steps
+    at the final ε (each ε-scaling stage adds a few; for "fixed" it caps the plan's last-stage steps,
+    ``_FIXED_FINAL_STEPS``). ``eps_scaling``: the ε-scaling factor (default 0.5 for "fixed", 0.25
+    otherwise). ``threads``: torch intra-op threads while solving (default 1, see the module docstring;
+    None leaves torch's setting alone). ``cost`` and ``regularized`` are differentiable (once) w.r.t.
+    ``p`` and ``q``; ``plan``, ``f``, ``g`` are not. With "fixed", ``converged`` is a 0-d bool tensor,
+    left on the device (reading it waits for the solve).
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; allowed: {', '.join(SOLVERS)}")
@@ -554,12 +793,17 @@ def entropic_histogram_transport(
         raise ValueError(f"n_iter must be ≥ 1, got {n_iter!r}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be ≥ 1 or None, got {threads!r}")
-    p3, q3, cost, single = _checked_inputs(p, q, cost)
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+    if eps_scaling is None:
+        eps_scaling = _FIXED_SCALING if solver == "fixed" else 0.25
+    if not 0 < eps_scaling < 1:
+        raise ValueError(f"eps_scaling must lie in (0, 1), got {eps_scaling!r}")
+    p3, q3, cost, single, cmax = _checked_inputs(p, q, cost)
     out_dtype = torch.promote_types(p.dtype, q.dtype)
     work = _solve_dtype(p.device)
-    schedule = _eps_schedule(cost, eps, eps_scaling)
     cost_w = cost.to(work)
-    eps_f = schedule[-1]
+    eps = float(eps)
     B, K, n = q3.shape
     needs_grad = torch.is_grad_enabled() and (p3.requires_grad or q3.requires_grad)
     # the histograms are renormalised: gradients are those of μ ↦ T(μ/Σμ, ν/Σν) (autograd, below)
@@ -571,14 +815,26 @@ def entropic_histogram_transport(
         mu, nu = pw.detach(), qw.detach()
         support = nu > 0
         log_q = _safe_log(nu)
+        mu_flat, nu_flat = mu.expand(B, K, n).reshape(-1, n), nu.reshape(-1, n)
         # 1. the potentials, on the flattened B·K problems
-        solve = _newton_solve if solver == "newton" else _sinkhorn_solve
-        g_flat, error, steps = solve(mu.expand(B, K, n).reshape(-1, n), nu.reshape(-1, n), log_q.reshape(-1, n),
-                                     support.reshape(-1, n), cost_w, schedule, n_iter, tol)
+        if solver == "fixed":
+            plan = _fixed_plan(cmax, eps, eps_scaling, final_steps=n_iter)
+            g_flat = _fixed_solve(mu_flat, nu_flat, cost_w, plan, cmax)
+            steps = len(plan)
+        else:
+            solve = _newton_solve if solver == "newton" else _sinkhorn_solve
+            g_flat, error, steps = solve(mu_flat, nu_flat, log_q.reshape(-1, n), support.reshape(-1, n), cost_w,
+                                         _eps_schedule(cmax, eps, eps_scaling), n_iter, tol)
         g_star = g_flat.reshape(B, K, n)
         # 2. values at the converged potentials, and their gradients where needed
         plan, transport, regularized, f_star, grads = _values_and_gradients(mu, nu, log_q, support, g_star, cost_w,
-                                                                             eps_f, needs_grad)
+                                                                             eps, needs_grad)
+        if solver == "fixed":  # the error of the returned plan, and the flag, as tensors: no host sync
+            error = torch.where(support, nu - plan.sum(-2), 0.0).abs().sum(-1)
+            converged = (error <= tol).all()
+        else:
+            error = error.reshape(B, K)
+            converged = bool((error <= tol).all())
     if needs_grad:
         transport = _ValueWithGradient.apply(pw, qw, transport, grads[0], grads[1])
         regularized = _ValueWithGradient.apply(pw, qw, regularized, grads[2], grads[3])
@@ -593,12 +849,56 @@ def entropic_histogram_transport(
         plan=out(plan),
         f=out(f_star),
         g=out(g_star),
-        marginal_error=out(error.reshape(B, K)),
+        marginal_error=out(error),
         n_steps=steps,
-        converged=bool((error <= tol).all()),
-        eps=eps_f,
+        converged=converged,
+        eps=eps,
         tol=tol,
     )
+
+
+#: Convergence flags of "fixed" solves on a GPU not read yet: (event, host copy of (¬converged, worst), message).
+_PENDING: deque = deque(maxlen=256)
+
+
+def _unconverged_message(solver: str, eps: float, tol: float, n_iter: int, steps: int) -> str:
+    """The warning for an unconverged solve, with a ``{worst}`` field for the worst marginal error."""
+    if solver == "fixed":
+        return (f"entropic OT (fixed, eps={eps:g}) did not reach marginal error {tol:g} within its plan of {steps} "
+                "steps (worst {worst:.3g}); use solver='newton' (adaptive) or a larger eps")
+    return (f"entropic OT ({solver}, eps={eps:g}) did not reach marginal error {tol:g} within n_iter={n_iter} "
+            "steps (worst {worst:.3g}); raise n_iter or eps")
+
+
+def _warn_pending(stacklevel: int) -> None:
+    """Warn for the deferred convergence flags whose copies have arrived (no waiting)."""
+    while _PENDING and _PENDING[0][0].query():
+        _, flags, message = _PENDING.popleft()
+        unconverged, worst = flags.tolist()
+        if unconverged:
+            warnings.warn(message.format(worst=worst), RuntimeWarning, stacklevel=stacklevel + 1)
+
+
+def _check_convergence(result: HistogramTransport, solver: str, n_iter: int, on_unconverged: str) -> None:
+    """Warn or raise for an unconverged solve. A "fixed" solve's flag on a CUDA device is, with "warn",
+    copied to the host without waiting and checked at a later call (the warning comes one or more calls
+    late); elsewhere it is read at once (on a CPU that costs nothing, with "raise" it waits)."""
+    converged = result.converged
+    deferred = torch.is_tensor(converged) and converged.device.type == "cuda" and on_unconverged == "warn"
+    if deferred:
+        flags = torch.stack([(~converged).to(result.marginal_error.dtype), result.marginal_error.max()])
+        host = flags.to("cpu", non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        _PENDING.append((event, host, _unconverged_message(solver, result.eps, result.tol, n_iter, result.n_steps)))
+        return
+    if bool(converged):
+        return
+    message = _unconverged_message(solver, result.eps, result.tol, n_iter, result.n_steps).format(
+        worst=float(result.marginal_error.max()))
+    if on_unconverged == "raise":
+        raise OTConvergenceError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def sinkhorn_histogram_loss(
@@ -610,8 +910,8 @@ def sinkhorn_histogram_loss(
     *,
     value: str = "transport",
     tol: float = DEFAULT_TOL,
-    eps_scaling: float = 0.25,
-    solver: str = "newton",
+    eps_scaling: float | None = None,
+    solver: str = DEFAULT_SOLVER,
     on_unconverged: str = "warn",
     threads: int | None = 1,
 ) -> torch.Tensor:
@@ -620,21 +920,18 @@ def sinkhorn_histogram_loss(
     ``value="transport"`` (default) gives the entropic plan's transport cost ⟨P_ε, C⟩ (POT's
     ``sinkhorn2``), ``value="regularized"`` the papers' eq. 1 value ⟨P_ε, C⟩ + ε KL(P_ε | μ⊗ν) whose
     gradient is the dual potential f (appendix E). Differentiable w.r.t. ``p`` (and ``q``). If some
-    problem has not converged within ``n_iter`` steps, ``on_unconverged`` decides: "warn" (default),
-    "raise" (:class:`otfed.errors.OTConvergenceError`) or "ignore". Arguments as in
+    problem has not converged, ``on_unconverged`` decides: "warn" (default; for the "fixed" solver on a
+    GPU the flag is checked without waiting, and the warning comes at a later call), "raise"
+    (:class:`otfed.errors.OTConvergenceError`) or "ignore". Arguments as in
     :func:`entropic_histogram_transport`.
     """
     if value not in VALUES:
         raise ValueError(f"unknown value {value!r}; allowed: {', '.join(VALUES)}")
     if on_unconverged not in ON_UNCONVERGED:
         raise ValueError(f"unknown on_unconverged {on_unconverged!r}; allowed: {', '.join(ON_UNCONVERGED)}")
+    _warn_pending(stacklevel=2)
     result = entropic_histogram_transport(p, q, cost, eps, n_iter, tol=tol, eps_scaling=eps_scaling, solver=solver,
                                           threads=threads)
-    if not result.converged and on_unconverged != "ignore":
-        worst = float(result.marginal_error.max())
-        message = (f"entropic OT ({solver}, eps={eps:g}) did not reach marginal error {tol:g} within n_iter={n_iter} "
-                   f"steps (worst {worst:.3g}); raise n_iter or eps")
-        if on_unconverged == "raise":
-            raise OTConvergenceError(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    if on_unconverged != "ignore":
+        _check_convergence(result, solver, n_iter, on_unconverged)
     return result.cost if value == "transport" else result.regularized

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("otfed.fl", "otfed.models", "otfed.clustering"),
     ("otfed.data", "otfed.metrics"),
     ("otfed.ot", "otfed.label_space"),
-    ("otfed.io", "otfed.schema", "otfed.device"),
+    ("otfed.io", "otfed.schema", "otfed.device", "otfed.host_sync"),
     ("otfed.errors",),
 ]
 PIPELINE_ONLY = {"prefect", "mlflow"}
