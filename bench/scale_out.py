@@ -25,9 +25,7 @@ The machine is shared: its 1-minute load average before each run is recorded.
     python -m bench.scale_out --pairs 40         # a quick look (the first 40 pairs)
 Results: reports/bench/<name>.{csv,md} (name: scale_out).
 
-Not measured here: FedBary with 100 clients. The protocol runs its clients' steps in one loop inside one job
-(otfed.federation.fedbary.fedbary), so a stage has nothing to fan out there; spreading the clients of one
-FedBary run over workers needs stateful clients on the workers (e.g. Dask actors) and is not built.
+FedBary with 100 clients, its clients spread over workers: ``bench/fedbary_scale_out.py``.
 """
 from __future__ import annotations
 
