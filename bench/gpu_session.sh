@@ -9,7 +9,7 @@
 #                          ("newton") and the fixed-shape ("fixed") Sinkhorn solver at batch 32 and 256;
 #                          bench.sinkhorn_backends --device cuda (fixed / newton / geomloss / POT)
 #   scale        (~6 min)  bench.scale_out (190 FedWaD pairs) and bench.fedbary_scale_out (FedBary, 100 clients)
-#                          with the machine's 16 cores: sequential, thread and dask side by side
+#                          with all the machine's cores (16): sequential, thread and dask side by side
 #   paper-start  (seconds) the text track with params-paper.yaml (100,000-text bias, the papers' ε and epochs,
 #                          every variant × seed), started in the background on the GPU
 #   worker-start (seconds) prefect.yaml's GPU deployment end to end: a Prefect server, work pool otfed-gpu, the
@@ -68,10 +68,13 @@ check)
     { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
       python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
     } 2>&1 | tee "$OUT/check.log"
+    # the bundle is rewritten after every step: a call cut off at its time limit still brings back what ran
     PYTHON=python3 bash bench/gpu_check.sh reports/bench/gpu_check.txt 2>&1 | tail -40 | tee -a "$OUT/check.log" || status=1
+    bundle check reports/bench/gpu_check.txt
     for solver in newton fixed; do
         python3 -m bench.distill_step --device cuda --solver "$solver" --batch 32 256 \
             --out "reports/bench/cuda/$solver" 2>&1 | tail -12 | tee -a "$OUT/check.log" || status=1
+        bundle check reports/bench/gpu_check.txt reports/bench/cuda
     done
     python3 -m bench.sinkhorn_backends --device cuda --out reports/bench/cuda 2>&1 | tail -8 \
         | tee -a "$OUT/check.log" || status=1
@@ -81,12 +84,15 @@ check)
 scale)
     unpack_kit
     status=0
-    { python3 -m stages.partition >/dev/null &&
-      python3 -m bench.scale_out --workers 16 --name scale_out_16 &&
-      python3 -m bench.fedbary_scale_out --workers 16 --name fedbary_scale_out_16; } 2>&1 | tail -40 \
-        | tee "$OUT/scale.log" || status=1
-    bundle scale reports/bench/scale_out_16.md reports/bench/scale_out_16.csv \
-        reports/bench/fedbary_scale_out_16.md reports/bench/fedbary_scale_out_16.csv
+    python3 -m stages.partition > "$OUT/scale.log" 2>&1 || status=1
+    workers=$(nproc)
+    python3 -m bench.scale_out --workers "$workers" --name "scale_out_$workers" 2>&1 | tail -15 \
+        | tee -a "$OUT/scale.log" || status=1
+    bundle scale "reports/bench/scale_out_$workers.md" "reports/bench/scale_out_$workers.csv"
+    python3 -m bench.fedbary_scale_out --workers "$workers" --name "fedbary_scale_out_$workers" 2>&1 | tail -12 \
+        | tee -a "$OUT/scale.log" || status=1
+    bundle scale "reports/bench/scale_out_$workers.md" "reports/bench/scale_out_$workers.csv" \
+        "reports/bench/fedbary_scale_out_$workers.md" "reports/bench/fedbary_scale_out_$workers.csv"
     exit $status
     ;;
 paper-start|worker-start)
