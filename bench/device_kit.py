@@ -150,22 +150,26 @@ def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True)
 
 
+def _platform_args() -> list[str]:
+    return [arg for tag in PLATFORMS for arg in ("--platform", tag)]
+
+
 def download(pins: dict[str, str], python: str, wheels: Path) -> None:
     """A wheel per pin for CPython ``python`` on manylinux x86-64; a pure-Python sdist is built here."""
-    platform = [arg for p in PLATFORMS for arg in ("--platform", p)]
     for name, version in pins.items():
         try:
             _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python,
-                 "--implementation", "cp", *platform, "-d", str(wheels), f"{name}=={version}")
+                 "--implementation", "cp", *_platform_args(), "-d", str(wheels), f"{name}=={version}")
         except subprocess.CalledProcessError:
             print(f"  no wheel for {name}=={version}: building one from its sdist")
             _pip("wheel", "-q", "--no-deps", "-w", str(wheels), f"{name}=={version}")
 
 
 def install(wheels: Path, python: str, site: Path) -> None:
-    platform = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    """The wheels installed into ``site`` as pip would on the machine (its Python and platform)."""
     _pip("install", "-q", "--no-deps", "--no-index", "--no-compile", "--target", str(site), "--python-version",
-         python, "--implementation", "cp", *platform, "--only-binary=:all:", *map(str, sorted(wheels.iterdir())))
+         python, "--implementation", "cp", *_platform_args(), "--only-binary=:all:",
+         *map(str, sorted(wheels.iterdir())))
 
 
 def slim(site: Path) -> list[str]:
