@@ -10,8 +10,9 @@
 #                          bench.sinkhorn_backends --device cuda (fixed / newton / geomloss / POT)
 #   scale        (~6 min)  bench.scale_out (190 FedWaD pairs) and bench.fedbary_scale_out (FedBary, 100 clients)
 #                          with all the machine's cores (16): sequential, thread and dask side by side
-#   paper-start  (seconds) the text track with params-paper.yaml (100,000-text bias, the papers' ε and epochs,
-#                          every variant × seed), started in the background on the GPU
+#   paper-start [SOLVER]   the text track with params-paper.yaml (100,000-text bias, the papers' ε and epochs,
+#                          every variant × seed), started in the background on the GPU (seconds); SOLVER sets
+#                          distill.sinkhorn_solver (newton, the default, or fixed: pick what `check` found faster)
 #   worker-start (seconds) prefect.yaml's GPU deployment end to end: a Prefect server, work pool otfed-gpu, the
 #                          deployment pipeline-gpu (flows/pipeline.py: dvc repro) run for the text track's stages
 #                          (OTFED_WORKER_STAGES) by a process worker, in the background; needs .devkit/dvc.tar.xz
@@ -112,6 +113,19 @@ paper-start|worker-start)
     cd "$work" || exit 1
     if [ "$job" = paper ]; then
         cp params-paper.yaml params.yaml || exit 1
+        if [ -n "${2:-}" ]; then   # paper-start SOLVER: distill.sinkhorn_solver (newton | fixed)
+            python3 - "$2" <<'PY' || exit 2
+import sys, yaml
+params = yaml.safe_load(open("params.yaml"))
+params["distill"]["sinkhorn_solver"] = sys.argv[1]
+from stages.params import validate_params
+try:  # a bad solver: one line naming the key, before anything runs
+    validate_params(params, stage="distill")
+except Exception as exc:
+    sys.exit(f"error: {exc}")
+yaml.safe_dump(params, open("params.yaml", "w"), sort_keys=False)
+PY
+        fi
         run='for s in partition train_teachers estimate_bias distill; do
     echo "== $s $(date -u +%H:%M:%S)"; python3 -m stages.$s || exit 1
 done'

@@ -52,6 +52,9 @@ class DistillParams(Strict):
     weightings: list[Weighting] = Field(["A", "D", "U", "E"], min_length=1)
     eps: float = Field(0.01, gt=0.0, le=100.0, description="Entropic regularisation ε of T_ε (cost units).")
     sinkhorn_iterations: int = Field(300, ge=1, le=100000)
+    sinkhorn_solver: Literal["newton", "fixed"] = Field(
+        "newton", description="The T_ε solver (otfed.ot.entropic_histograms): newton (adaptive; the faster on a "
+                              "CPU) or fixed (a fixed program with no host sync, built for GPUs; not yet timed on one).")
     one_hot_ablation: bool = Field(True, description="Also Sinkhorn-E with one-hot label coordinates (app. C.1).")
     learning_without_forgetting: bool = Field(True, description="The frozen global model is one more teacher.")
     seeds: int = Field(5, ge=1, le=100, description="Students per variant, seeds run.seed … run.seed+seeds−1; the "
@@ -78,7 +81,7 @@ class DistillParams(Strict):
     def settings(self) -> dict[str, Any]:
         """What every student's training and scoring reads (logged as each variant run's params)."""
         return self.model_dump(include={"epochs", "batch_size", "lr", "weight_decay", "eps", "sinkhorn_iterations",
-                                        "eval_batch_size"})
+                                        "sinkhorn_solver", "eval_batch_size"})
 
 
 def check(p: Params) -> None:
@@ -157,7 +160,8 @@ def distill_variant(task: str, variant: str, loss: str, weighting: str, label_sp
     Server side: it sees the global model, the transfer texts, the ensemble built from client messages and
     — for scoring only — the test sets ``sets``; never a client's training data or teacher weights.
 
-    ``settings`` holds epochs, batch_size, lr, weight_decay, eps, sinkhorn_iterations, eval_batch_size.
+    ``settings`` holds epochs, batch_size, lr, weight_decay, eps, sinkhorn_iterations, sinkhorn_solver,
+    eval_batch_size.
     Returns table rows, the test-set probabilities and the per-epoch history.
     """
     start = time.perf_counter()
@@ -166,7 +170,8 @@ def distill_variant(task: str, variant: str, loss: str, weighting: str, label_sp
     records = distill_student(student, transfer_texts, ensemble, weights, kind=loss,
                               cost=label_space.cost_matrix(dtype=torch.float64) if loss == "sinkhorn" else None,
                               eps=settings["eps"] if loss == "sinkhorn" else None,
-                              sinkhorn_iterations=settings["sinkhorn_iterations"], epochs=settings["epochs"],
+                              sinkhorn_iterations=settings["sinkhorn_iterations"],
+                              sinkhorn_solver=settings["sinkhorn_solver"], epochs=settings["epochs"],
                               batch_size=settings["batch_size"], lr=settings["lr"],
                               weight_decay=settings["weight_decay"], seed=seed, description=f"{task}/{variant}")
     history = [{"task": task, "variant": variant, "seed": seed, **record} for record in records]

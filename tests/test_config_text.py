@@ -34,6 +34,8 @@ def test_committed_text_params_are_valid() -> None:
     (lambda d: d["train_teachers"]["training"].update(lr=0), "train_teachers.training.lr: Input should be greater than 0"),
     (lambda d: d["distill"].update(weightings=["A", "Z"]), "distill.weightings[1]: Input should be 'A', 'D', 'U' or 'E'"),
     (lambda d: d["distill"].update(losses=["kl", "kl"]), "distill.losses: entries must be distinct"),
+    (lambda d: d["distill"].update(sinkhorn_solver="exact"),
+     "distill.sinkhorn_solver: Input should be 'newton' or 'fixed' (got 'exact')"),
     (lambda d: d["distill"].update(epsilon=0.1), "distill.epsilon: unknown key; allowed keys here: batch_size, epochs, eps"),
     (lambda d: d["estimate_bias"].update(n_texts=0), "estimate_bias.n_texts: Input should be greater than or equal to 10"),
     (lambda d: d["partition"].pop("text"), "partition.text: required by the text-track stages"),

@@ -49,6 +49,7 @@ def distill_student(
     cost: torch.Tensor | None = None,
     eps: float | None = None,
     sinkhorn_iterations: int = 300,
+    sinkhorn_solver: str = "newton",
     epochs: int = 3,
     batch_size: int = 32,
     lr: float = 2e-4,
@@ -64,6 +65,8 @@ def distill_student(
     ``weights`` are N×K (:func:`ensemble_weights`), normalised per sample inside the loss (appendix E).
     Mini-batches come from a seeded local generator; AdamW with ``lr`` and ``weight_decay``. The loss
     of a Sinkhorn batch whose solver did not converge is still used (a warning is emitted).
+    ``sinkhorn_solver``: "newton" or "fixed" (:mod:`otfed.ot.entropic_histograms`); ``sinkhorn_iterations``
+    bounds its steps at the final ε.
     """
     texts = list(transfer_texts)
     n = len(texts)
@@ -85,7 +88,7 @@ def distill_student(
     if torch.is_tensor(cost):
         cost = cost.to(device)
     options = {} if kind == "kl" else {"cost": cost, "eps": eps, "n_iter": sinkhorn_iterations,
-                                       "threads": threads_for(device)}
+                                       "solver": sinkhorn_solver, "threads": threads_for(device)}
     history: list[dict[str, Any]] = []
     with seeded_dropout(model, dropout_generator):
         for epoch in range(1, epochs + 1):

@@ -129,3 +129,21 @@ def test_every_step_sees_its_batchs_teachers_weights_and_the_cost(monkeypatch: p
         np.testing.assert_array_equal(w.numpy(), weights[rows.numpy()].astype(np.float32))
         assert kwargs["check_weights"] is False and kwargs["threads"] == 1  # checked once; one thread on CPU
         assert torch.equal(kwargs["cost"], cost)
+        assert kwargs["solver"] == "newton"  # the default
+
+
+def test_the_fixed_solver_trains_the_same_student_as_newton() -> None:
+    """Both solvers converge every problem to 1e-9, so the same seed gives the same training to rounding."""
+    ens, texts = _ensemble(n=16)
+    weights = ensemble_weights(ens, "D")
+    cost = LabelSpace.for_task("sa").cost_matrix()
+    students, histories = {}, {}
+    for solver in ("newton", "fixed"):
+        students[solver] = ConstantStudent(5)
+        histories[solver] = distill_student(students[solver], texts, ens, weights, kind="sinkhorn", cost=cost,
+                                            eps=0.01, sinkhorn_solver=solver, epochs=5, batch_size=8, lr=0.1,
+                                            weight_decay=0.0, progress=False)
+    np.testing.assert_allclose([h["loss"] for h in histories["fixed"]], [h["loss"] for h in histories["newton"]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(students["fixed"].probs(), students["newton"].probs(), atol=1e-6)
+    assert histories["newton"][-1]["loss"] < histories["newton"][0]["loss"]
