@@ -39,17 +39,20 @@ SITE="${OTFED_SITE:-/tmp/otfed-site}"       # where it is unpacked
 JOBS="${OTFED_JOBS:-/tmp/otfed-jobs}"       # background jobs: a copy of the checkout each, JOBS/<job>
 mkdir -p "$OUT"
 
-unpack_kit() {
-    if [ "$KIT" = none ]; then return; fi   # OTFED_KIT=none: the environment has the packages already
-    if [ ! -f "$SITE/.unpacked" ]; then
-        if [ ! -f "$KIT" ]; then
-            echo "no $KIT: build it with 'python -m bench.device_kit' where pip works, and carry it" >&2
-            exit 2
+unpack_kit() {  # the kit first on the paths (OTFED_KIT=none: the environment has the packages already), and
+               # the settings every phase runs with
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    if [ "$KIT" != none ]; then
+        if [ ! -f "$SITE/.unpacked" ]; then
+            if [ ! -f "$KIT" ]; then
+                echo "no $KIT: build it with 'python -m bench.device_kit' where pip works, and carry it" >&2
+                exit 2
+            fi
+            mkdir -p "$SITE" && tar -xJf "$KIT" -C "$SITE" && touch "$SITE/.unpacked" || exit 2
         fi
-        mkdir -p "$SITE" && tar -xJf "$KIT" -C "$SITE" && touch "$SITE/.unpacked" || exit 2
+        export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+        export PATH="$SITE/bin:$PATH"
     fi
-    export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    export PATH="$SITE/bin:$PATH"
     export PREFECT_HOME=/tmp/otfed-prefect PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_ENABLED=false
     export TQDM_MININTERVAL=30
     export PYTHONUNBUFFERED=1
