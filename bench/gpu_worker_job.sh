@@ -17,9 +17,12 @@ echo "== server $(date -u +%H:%M:%S)"
 prefect server start --host 127.0.0.1 --port "$PORT" > server.log 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
-for _ in $(seq 90); do
-    python3 -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null && break
+# wait for the server to answer: a ceiling of OTFED_SERVER_START_S seconds (default 600) only catches a hang
+deadline=$((SECONDS + ${OTFED_SERVER_START_S:-600}))
+until python3 -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null; do
     kill -0 "$server" 2>/dev/null || { echo "the Prefect server exited:"; tail -20 server.log; exit 1; }
+    [ "$SECONDS" -lt "$deadline" ] || { echo "the Prefect server did not answer at $PREFECT_API_URL within" \
+        "${OTFED_SERVER_START_S:-600} s (OTFED_SERVER_START_S):"; tail -20 server.log; exit 1; }
     sleep 2
 done
 

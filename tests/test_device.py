@@ -12,6 +12,7 @@ import torch
 
 from otfed.device import pin_torch_threads, resolve_device, stage_device, threads_for, to_device, torch_threads
 from otfed.models import resolve_device as torch_device
+from tests.ceilings import ceiling
 
 
 @pytest.mark.parametrize("cuda", [True, False])
@@ -125,7 +126,7 @@ def test_concurrent_blocks_each_see_their_own_thread_count(setting: str, monkeyp
             time.sleep(0.0002)
 
     def blocks(pattern: str) -> None:
-        start.wait(timeout=10)
+        start.wait(timeout=ceiling(60))
         for i in range(60):
             if pattern == "nested":
                 with torch_threads(1):
@@ -143,7 +144,7 @@ def test_concurrent_blocks_each_see_their_own_thread_count(setting: str, monkeyp
     for w in workers:
         w.start()
     for w in workers:
-        w.join(timeout=30)
+        w.join(timeout=ceiling(300))  # a ceiling that only catches a deadlock (tests/ceilings.py)
     assert not any(w.is_alive() for w in workers), "torch_threads deadlocked"
     assert not errors, errors[:5]
     assert torch.get_num_threads() == 1

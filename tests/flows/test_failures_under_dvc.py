@@ -4,7 +4,8 @@ user's MLflow store.
 
 Each test runs real ``dvc`` commands in a throw-away git + DVC repository holding a copy of this project's
 code, its ``data/raw`` and the ``partition`` stage exactly as ``dvc.yaml`` declares it (``persist: true``
-outs), on tiny params.
+outs), on tiny params. Each waits on events (a command's exit, the stage's "tasks on" line, its processes gone)
+under ceilings that only catch a hang (tests/ceilings.py).
 """
 from __future__ import annotations
 
@@ -12,21 +13,27 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import mlflow
 import psutil
 import pytest
 
+from tests.ceilings import completed, finished, wait_until
 from tests.integration.support import REPO, clean_env, git, stage_repository
 from tests.stages.conftest import tiny_params
 
 pytestmark = pytest.mark.integration
 
+# ceilings (tests/ceilings.py), several times the durations on a loaded 2-core machine: idle, a DVC command that
+# runs the stage takes ~10-30 s, a stopped stage and its temporary Prefect server exit within seconds
+DVC_S = 600
+STOP_S = 300
+
 
 def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["dvc", *args], cwd=repo, capture_output=True, text=True, env=clean_env())
+    """``dvc ARGS`` run to its exit in ``repo`` (a hang fails at ``ceiling(DVC_S)``)."""
+    return completed(["dvc", *args], f"`dvc {' '.join(args)}` to exit", DVC_S, cwd=repo, env=clean_env())
 
 
 def _snapshot(repo: Path) -> dict[str, bytes]:
@@ -120,17 +127,16 @@ def test_a_stage_killed_mid_run_loses_nothing_and_leaves_no_process(project: Pat
         stage = next(c for c in psutil.Process(proc.pid).children(recursive=True)
                      if "stages.partition" in " ".join(c.cmdline()) and c.name().startswith("python"))
         stage.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    out, _ = finished(proc, f"`dvc repro` to exit after the {how}", STOP_S)
     text = "".join(lines) + out
     assert proc.returncode != 0
     assert f"error: partition interrupted ({'SIGINT' if how == 'ctrl-c' else 'SIGTERM'}); previous outputs kept" \
         in text
     assert _snapshot(project) == before
     assert not list(project.glob("**/.*.staging")), "a staging folder was left behind"
-    deadline = time.monotonic() + 10
-    while _session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _session_processes(proc.pid), "orphan processes (e.g. the temporary Prefect server)"
+    wait_until(lambda: not _session_processes(proc.pid), "the stage's processes to exit (one left is an orphan, "
+               "e.g. the temporary Prefect server)", STOP_S, poll=0.2,
+               details=lambda: "\n".join(_session_processes(proc.pid)))
     assert _runs(project)[0].info.status == "KILLED"  # the MLflow run does not stay RUNNING
 
 

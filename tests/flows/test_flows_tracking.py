@@ -1,10 +1,13 @@
-"""MLflow tracking: tags, params, metrics, nested runs and logged tables/figures land in the store."""
+"""MLflow tracking: tags, params, metrics, nested runs and logged tables/figures land in the store.
+
+The tests with writer processes wait on events (a process's exit, a file it writes, a log line) under ceilings
+that only catch a hang (tests/ceilings.py)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -17,6 +20,14 @@ import pandas as pd
 import pytest
 
 from flows import tracking
+from tests.ceilings import ceiling, finished, wait_until
+
+# ceilings (tests/ceilings.py), several times the durations on a loaded 2-core machine: idle, a writer process
+# starts (imports, opens its run) in ~5 s and ends within ~30 s; the locked store's writers report the lock ~20 s
+# after the gate opens
+WRITER_START_S = 300
+WRITER_S = 600
+LOCK_S = 300
 
 
 def test_stage_run_logs_everything(mlflow_uri: str, tmp_path: Path) -> None:
@@ -75,7 +86,7 @@ def test_two_stages_starting_at_once_on_a_fresh_store_both_finish(tmp_path: Path
     env.update(OTFED_HOME=str(tmp_path), PYTHONPATH=str(repo))
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, f"stage{i}"], cwd=tmp_path, env=env,
                               stderr=subprocess.PIPE, text=True) for i in range(3)]
-    errors = [p.communicate(timeout=300)[1] for p in procs]
+    errors = [finished(p, f"writer stage{i} to exit", WRITER_S)[1] for i, p in enumerate(procs)]
     assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(e[-2000:] for e in errors)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
     exp = client.get_experiment_by_name("otfed")
@@ -166,7 +177,7 @@ from flows import tracking
 
 name, children, n_params, n_steps, n_batch = sys.argv[1], *map(int, sys.argv[2:6])
 art = Path("art"); art.mkdir(exist_ok=True)
-gate = sys.argv[6] if len(sys.argv) > 6 else None
+gate, gate_ceiling = (sys.argv[6], float(sys.argv[7])) if len(sys.argv) > 7 else (None, 0.0)
 
 def log_everything(run, label):
     for s in range(n_steps):  # one metric per call
@@ -180,10 +191,14 @@ def log_everything(run, label):
 with tracking.stage_run(name, {f"p{i}": i for i in range(n_params)}, "h") as run:  # batches of 100
     if gate:  # tell the test the run exists, wait for it to lock the store
         Path(f"{name}.started").write_text(run.run_id)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + gate_ceiling  # only a test that died leaves the gate closed
         while not Path(gate).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-    log_everything(run, name)
+    try:
+        log_everything(run, name)
+    except Exception as exc:  # tell the test at once: the run only ends (FAILED) once it can write again
+        print(f"{name} failed: {exc}", file=sys.stderr, flush=True)
+        raise
     for c in range(children):
         with run.child(f"{name}-c{c}") as child:
             child.log_params({f"p{i}": i for i in range(n_params)})
@@ -218,23 +233,30 @@ def _check_runs_complete(client, runs: list, n_params: int, n_steps: int, n_batc
 def start_writers(tmp_path: Path) -> Iterator[Callable[..., dict[str, subprocess.Popen]]]:
     """``start_writers(gate, n_params, n_steps, n_batch, children, name=extra_env, ...)``: one STORE_WRITER
     process per name (with its extra environment) on ``<tmp_path>/mlruns.db``; returns once every one has
-    opened its run and waits for the file ``gate`` (so their writes overlap). Teardown kills any left."""
+    opened its run and waits for the file ``gate`` (so their writes overlap; a writer gives up waiting at
+    ``ceiling(WRITER_S)``). Teardown kills any left."""
     started: list[subprocess.Popen] = []
 
     def start(gate: Path, n_params: int, n_steps: int, n_batch: int, children: int,
               **extra_env: dict[str, str]) -> dict[str, subprocess.Popen]:
         procs = {name: subprocess.Popen([sys.executable, "-c", STORE_WRITER, name, str(children), str(n_params),
-                                         str(n_steps), str(n_batch), str(gate)], cwd=tmp_path,
-                                        env={**_writer_env(tmp_path), **extra}, stderr=subprocess.PIPE, text=True)
+                                         str(n_steps), str(n_batch), str(gate), str(ceiling(WRITER_S))],
+                                        cwd=tmp_path, env={**_writer_env(tmp_path), **extra}, stderr=subprocess.PIPE,
+                                        text=True)
                  for name, extra in extra_env.items()}
         started.extend(procs.values())
-        deadline = time.monotonic() + 120
-        while not all((tmp_path / f"{name}.started").exists() for name in procs):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
-                pytest.fail("the writers never all started: " + "; ".join(
-                    f"{n}: exit {p.poll()} {p.communicate()[1][-2000:] if p.poll() is not None else ''}"
-                    for n, p in procs.items()))
-            time.sleep(0.05)
+
+        def states() -> str:
+            return "; ".join(f"{n}: " + (f"exit {p.poll()} {p.communicate()[1][-2000:]}" if p.poll() is not None
+                                         else "run open" if (tmp_path / f"{n}.started").exists() else "starting")
+                             for n, p in procs.items())
+
+        def all_started() -> bool:
+            if any(p.poll() is not None for p in procs.values()):
+                pytest.fail(f"a writer exited before the gate opened: {states()}")
+            return all((tmp_path / f"{name}.started").exists() for name in procs)
+
+        wait_until(all_started, "every writer to open its run", WRITER_START_S, poll=0.05, details=states)
         return procs
 
     yield start
@@ -255,7 +277,7 @@ def test_concurrent_writer_processes_on_one_fresh_store_lose_nothing(mlflow_uri:
     gate = tmp_path / "go"
     procs = start_writers(gate, n_params, n_steps, n_batch, children, w0={}, w1={}, w2={})
     gate.write_text("")
-    errors = [p.communicate(timeout=300)[1] for p in procs.values()]
+    errors = [finished(p, f"writer {name} to exit", WRITER_S)[1] for name, p in procs.items()]
     assert [p.returncode for p in procs.values()] == [0] * len(procs), "\n".join(e[-3000:] for e in errors)
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("otfed").experiment_id], max_results=1000)
@@ -267,32 +289,58 @@ def test_concurrent_writer_processes_on_one_fresh_store_lose_nothing(mlflow_uri:
     _check_runs_complete(client, runs, n_params, n_steps, n_batch, tmp_path / "download")
 
 
+def _read_stderr(procs: dict[str, subprocess.Popen]) -> tuple[dict[str, list[str]], list[threading.Thread]]:
+    """Each process's stderr lines as they come (a thread per process reads them), and those threads."""
+    lines: dict[str, list[str]] = {name: [] for name in procs}
+
+    def read(name: str) -> None:
+        for line in procs[name].stderr:
+            lines[name].append(line)
+
+    threads = [threading.Thread(target=read, args=(name,), daemon=True) for name in procs]
+    for thread in threads:
+        thread.start()
+    return lines, threads
+
+
 @pytest.mark.integration
 def test_a_write_lock_held_past_mlflows_busy_timeout_is_waited_out(mlflow_uri: str, tmp_path: Path,
                                                                    start_writers) -> None:
     """Another process holds the store's write lock longer than MLflow's SQLite busy timeout (20 s) while two
     stage runs are mid-way: the run with the retry (the default) finishes with everything it logged; the
     control run, with the retry switched off (``OTFED_TRACKING_RETRY_S=0``), fails with ``database is
-    locked`` and loses its metrics — what every run did before the retry."""
-    import inspect
-    import re
+    locked`` and loses its metrics — what every run did before the retry.
+
+    The lock is held until each writer has met it, whatever the machine's load: the retrying writer is let
+    through its gate first and the test waits until it reports the lock (one attempt waited out the busy
+    timeout); then the control writer, until its write fails. Released then, the control ends its run (FAILED)
+    and the retrying writer's next attempt goes through."""
     import sqlite3
 
-    import mlflow.store.db.utils
-
-    busy_ms = int(re.search(r"PRAGMA busy_timeout = (\d+)", inspect.getsource(mlflow.store.db.utils)).group(1))
     n_params, n_steps, n_batch = 30, 10, 50
-    gate = tmp_path / "locked"
-    procs = start_writers(gate, n_params, n_steps, n_batch, 1, retrying={}, control={tracking.RETRY_ENV: "0"})
+    gates = {name: tmp_path / f"go-{name}" for name in ("retrying", "control")}
+    procs = {**start_writers(gates["retrying"], n_params, n_steps, n_batch, 1, retrying={}),
+             **start_writers(gates["control"], n_params, n_steps, n_batch, 1, control={tracking.RETRY_ENV: "0"})}
+    stderr, readers = _read_stderr(procs)
     holder = sqlite3.connect(tmp_path / "mlruns.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # the write lock (readers go on), e.g. a long `mlflow gc` or import
-    try:
-        gate.write_text("")
-        time.sleep(busy_ms / 1000 + 3)  # the fault itself: a lock held past every writer's busy timeout
+    try:  # the fault itself: a lock held past each writer's busy timeout
+        for name, sign in (("retrying", "MLflow store locked during"), ("control", "control failed:")):
+            gates[name].write_text("")
+            proc, seen = procs[name], stderr[name]
+            wait_until(lambda: proc.poll() is not None or any(sign in line for line in seen),
+                       f"the {name} writer to report the locked store ({sign!r})", LOCK_S, poll=0.1,
+                       details=lambda: "".join(seen[-40:]))
     finally:
         holder.execute("COMMIT")
         holder.close()
-    errors = {name: p.communicate(timeout=300)[1] for name, p in procs.items()}
+    for name, proc in procs.items():
+        seen = stderr[name]
+        wait_until(lambda: proc.poll() is not None, f"writer {name} to exit", WRITER_S,
+                   details=lambda: "".join(seen[-40:]))
+    for thread in readers:
+        thread.join()
+    errors = {name: "".join(lines) for name, lines in stderr.items()}
 
     assert procs["control"].returncode != 0 and "database is locked" in errors["control"]  # the fault is real
     assert procs["retrying"].returncode == 0, errors["retrying"][-3000:]

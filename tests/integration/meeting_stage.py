@@ -4,9 +4,10 @@ however the machine schedules their starts. Usage: ``python meeting_stage.py <st
 root (copied there by the test), with ``MEETING_DIR`` a folder shared by the runs.
 
 Each run writes a file named after its MLflow run id into ``MEETING_DIR`` right after the run opens, then
-waits for ``MEETING_SIZE`` files; after ``MEETING_TIMEOUT_S`` (default 240) it fails the stage, saying how
-many runs were open: the runs did not overlap. A run arriving after the meeting (a third queued experiment)
-finds the files there and goes on. Everything else is the stage's own ``python -m stages.<stage>``."""
+waits for ``MEETING_SIZE`` files; after ``MEETING_TIMEOUT_S`` (a ceiling that only catches a run that never
+comes: the test sets it from tests/ceilings.py; default 240) it fails the stage, saying how many runs were open.
+A run arriving after the meeting (a third queued experiment) finds the files there and goes on. Everything
+else is the stage's own ``python -m stages.<stage>``."""
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 throw-away git + DVC repository holding this project's code and one stage as ``dvc.yaml`` declares it."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -13,8 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.ceilings import ceiling, completed
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # this virtual environment's commands: dvc, mlflow, prefect, dask
+# how long a stage run in a child process may wait for its temporary Prefect server to start (~10 s when idle;
+# flows/stage.py's default, 120 s, can kill a stage on a saturated machine): a ceiling, scaled like the tests' own
+PREFECT_STARTUP_S = 600
 
 
 def free_port(server: str) -> int:
@@ -30,11 +36,13 @@ def free_port(server: str) -> int:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a child process: no PREFECT_ / MLFLOW_ / OTFED_ / DVC_ setting of the caller (tests
-    may have set some), this virtual environment first on PATH, no analytics, no bytecode files; plus
-    ``extra``."""
+    may have set some), this virtual environment first on PATH, no analytics, no bytecode files, a temporary
+    Prefect server's start-up ceiling of ``ceiling(PREFECT_STARTUP_S)`` (a stage it runs must not die of a slow
+    start under load); plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "OTFED_", "DVC_"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONDONTWRITEBYTECODE="1", **extra)
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONDONTWRITEBYTECODE="1",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(math.ceil(ceiling(PREFECT_STARTUP_S))), **extra)
     return env
 
 
@@ -61,5 +69,6 @@ def stage_repository(repo: Path, stage: str, params: dict[str, Any], metrics: bo
     git(repo, "init", "-q")
     git(repo, "config", "user.email", "test@example.org")
     git(repo, "config", "user.name", "test")
-    assert subprocess.run(["dvc", "init", "-q"], cwd=repo, env=clean_env()).returncode == 0
+    done = completed(["dvc", "init", "-q"], "dvc init", 120, cwd=repo, env=clean_env())
+    assert done.returncode == 0, done.stderr
     return repo

@@ -4,8 +4,9 @@ loop with ``Can't evaluate bulk DML statement`` and no scheduled run was ever cr
 
 Two subprocesses, each in its own session so teardown can kill the whole process group: ``prefect server
 start`` on a free 127.0.0.1 port with a temporary PREFECT_HOME, and ``scheduled_flow.py`` (``flow.serve``
-with an interval schedule anchored a few seconds ahead). Scheduler and runner loops are shortened through
-settings so the test takes ~30 s rather than minutes.
+with a short interval schedule anchored a few seconds ahead). Scheduler and runner loops are shortened through
+settings so the test takes ~15 s rather than minutes. It waits on events (the server answering, a run
+Completed) under ceilings that only catch a hang (tests/ceilings.py).
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
 
+from tests.ceilings import ceiling, wait_until
 from tests.integration.support import clean_env, free_port
 
 pytestmark = pytest.mark.integration
@@ -30,8 +31,11 @@ FLOW_SCRIPT = HERE / "scheduled_flow.py"
 FLOW_NAME = "otfed-scheduled-smoke"
 DEPLOYMENT_NAME = "smoke-schedule"
 SCHEDULE_DELAY_S = 10       # first scheduled run this long after the deployment is served
-SERVER_START_TIMEOUT_S = 60
-RUN_TIMEOUT_S = 90          # from serving to the scheduled run Completed
+SCHEDULE_INTERVAL_S = 15    # then one every 15 s: a deployment registered late (load) gets the next slot
+# ceilings (tests/ceilings.py), several times the durations on a loaded 2-core machine (idle: the server answers
+# within ~5 s, the scheduled run completes ~12 s after serving)
+SERVER_START_S = 300
+RUN_S = 300                 # from serving to the scheduled run Completed
 SCHEDULER_CRASH = re.compile(r"ERROR.*(schedule_deployments|schedule_recent_deployments|Error scheduling)")
 BIND_ERRORS = ("address already in use", "error while attempting to bind", "permission denied",
                "operation not permitted")
@@ -94,23 +98,22 @@ def prefect_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     proc = _start(cmd, env, tmp_path, log)
     api = f"http://127.0.0.1:{port}/api"
+
+    def healthy() -> bool:
+        try:
+            if httpx.get(f"{api}/health", timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            out = _tail(log)
+            if any(e in out.lower() for e in BIND_ERRORS):
+                pytest.skip(f"the Prefect server could not bind 127.0.0.1:{port}:\n{out}")
+            pytest.fail(f"`{' '.join(cmd)}` exited with {proc.returncode}; server log tail:\n{out}")
+        return False
+
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                out = _tail(log)
-                if any(e in out.lower() for e in BIND_ERRORS):
-                    pytest.skip(f"the Prefect server could not bind 127.0.0.1:{port}:\n{out}")
-                pytest.fail(f"`{' '.join(cmd)}` exited with {proc.returncode}; server log tail:\n{out}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"Prefect server not healthy after {SERVER_START_TIMEOUT_S} s; log tail:\n"
-                            f"{_tail(log)}")
-            time.sleep(0.5)
+        wait_until(healthy, f"the Prefect server to answer {api}/health", SERVER_START_S, details=lambda: _tail(log))
         yield api, log
     finally:
         _stop(proc)
@@ -118,12 +121,14 @@ def prefect_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 @pytest.fixture
 def served_flow(prefect_server: tuple[str, Path], tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """``scheduled_flow.py`` serving the deployment; yields (marker file, serve log)."""
+    """``scheduled_flow.py`` serving the deployment; yields (marker folder: a file per run it executed, serve
+    log)."""
     api, _ = prefect_server
-    log, marker = tmp_path / "serve.log", tmp_path / "ran.txt"
+    log, marker = tmp_path / "serve.log", tmp_path / "ran"
     env = clean_env(PREFECT_HOME=str(tmp_path / "client-home"), PREFECT_API_URL=api,
                     PREFECT_RUNNER_POLL_FREQUENCY="1")  # default: poll for scheduled runs every 10 s
-    cmd = [sys.executable, str(FLOW_SCRIPT), DEPLOYMENT_NAME, str(SCHEDULE_DELAY_S), str(marker)]
+    cmd = [sys.executable, str(FLOW_SCRIPT), DEPLOYMENT_NAME, str(SCHEDULE_DELAY_S), str(SCHEDULE_INTERVAL_S),
+           str(marker)]
     proc = _start(cmd, env, tmp_path, log)
     try:
         yield marker, log
@@ -134,7 +139,7 @@ def served_flow(prefect_server: tuple[str, Path], tmp_path: Path) -> Iterator[tu
 def test_scheduler_creates_a_run_that_the_served_flow_completes(prefect_server, served_flow):
     api, server_log = prefect_server
     marker, serve_log = served_flow
-    http = httpx.Client(base_url=api, timeout=5)
+    http = httpx.Client(base_url=api, timeout=ceiling(60))  # a request that never answers: a hang
 
     def diagnostics(why: str, runs: list[dict] | None = None) -> str:
         listed = "\n".join(f"  {r['name']} state={r['state_type']} auto_scheduled={r['auto_scheduled']} "
@@ -142,9 +147,12 @@ def test_scheduler_creates_a_run_that_the_served_flow_completes(prefect_server, 
         return (f"{why}\nflow runs of the deployment:\n{listed}\n--- server log tail ---\n"
                 f"{_tail(server_log)}\n--- serve log tail ---\n{_tail(serve_log, 20)}")
 
-    deadline = time.monotonic() + RUN_TIMEOUT_S
     deployment_id, runs = None, []
-    while True:
+
+    def completed_run() -> dict | None:
+        """The first scheduler-created run that reached Completed, if any yet; fails at once on a failed run or a
+        crashed scheduler service."""
+        nonlocal deployment_id, runs
         if deployment_id is None:
             resp = http.get(f"/deployments/name/{FLOW_NAME}/{DEPLOYMENT_NAME}")
             if resp.status_code == 200:
@@ -156,21 +164,19 @@ def test_scheduler_creates_a_run_that_the_served_flow_completes(prefect_server, 
             runs = resp.json()
             done = [r for r in runs if r["auto_scheduled"] and r["state_type"] == "COMPLETED"]
             if done:
-                break
-            failed = [r for r in runs if r["state_type"] in ("FAILED", "CRASHED")]
-            if failed:
+                return done[0]
+            if any(r["state_type"] in ("FAILED", "CRASHED") for r in runs):
                 pytest.fail(diagnostics("a scheduled run did not complete", runs))
         crash = SCHEDULER_CRASH.search(server_log.read_text(errors="replace"))
         if crash and not runs:
             pytest.fail(diagnostics(f"the server's scheduler service failed ({crash.group(0).strip()})"))
-        if time.monotonic() > deadline:
-            why = ("the deployment was never registered" if deployment_id is None else
-                   "no scheduler-created run reached Completed")
-            pytest.fail(diagnostics(f"{why} within {RUN_TIMEOUT_S} s", runs))
-        time.sleep(1)
+        return None
 
-    run = done[0]
+    awaited = "the deployment to be registered and a scheduler-created run of it to reach Completed"
+    run = wait_until(completed_run, awaited, RUN_S, poll=1, details=lambda: diagnostics(
+        "the deployment was never registered" if deployment_id is None else
+        "no scheduler-created run reached Completed", runs))
     # created by the server's scheduler for this deployment, and executed by the serving process
     assert run["deployment_id"] == deployment_id and run["auto_scheduled"] is True
     assert (run["created_by"] or {}).get("type") == "SCHEDULE", run["created_by"]
-    assert marker.read_text() == run["id"]
+    assert (marker / run["id"]).read_text() == run["id"]

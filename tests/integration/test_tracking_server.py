@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from stages.partition import PartitionParams, raw_files
+from tests.ceilings import ceiling, completed, finished, hit, wait_until
 from tests.integration.support import REPO, clean_env, free_port, git, stage_repository
 from tests.stages.conftest import tiny_params
 
@@ -43,8 +44,14 @@ STAGE = "partition"
 SWEPT = "partition.federations.bench.samples_per_client"
 SWEEP = (40, 50, 60)
 OTHER = 50                  # the second of the two concurrent processes runs with this value
-SERVER_START_TIMEOUT_S = 90
-STAGE_TIMEOUT_S = 300
+# ceilings (tests/ceilings.py), several times the durations on a loaded 2-core machine. Idle: a server answers
+# within ~10 s, a DVC command takes seconds, a stage run ~10 s, the queued sweep ~50 s, the DVC queue workers exit
+# ~10 s after the queue empties
+SERVER_START_S = 300
+COMMAND_S = 300
+STAGE_S = 600
+SWEEP_S = 900
+QUEUE_WORKERS_EXIT_S = 240
 MEETING = Path(__file__).with_name("meeting_stage.py")
 
 
@@ -64,7 +71,7 @@ def _session(sid: int) -> list[psutil.Process]:
 def _stop_session(proc: subprocess.Popen) -> list[str]:
     """SIGTERM every process of ``proc``'s session, SIGKILL what is left after a grace period; returns the
     command lines of processes still alive afterwards (none, or the test fails)."""
-    for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+    for sig, grace in ((signal.SIGTERM, ceiling(20)), (signal.SIGKILL, ceiling(5))):
         family = _session(proc.pid)
         for p in family:
             try:
@@ -125,20 +132,20 @@ class Server:
     log: Path
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
+        """Returns once the health URL answers 200; fails at once if the server exits, or at the ceiling."""
+        def healthy() -> bool:
             try:
-                with urllib.request.urlopen(self.health, timeout=2) as answer:
+                with urllib.request.urlopen(self.health, timeout=5) as answer:
                     if answer.status == 200:
-                        return
+                        return True
             except OSError:
                 pass
             if self.proc.poll() is not None:
                 pytest.fail(f"the {self.name} server exited with {self.proc.returncode}:\n{_tail(self.log)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {self.name} server is not answering after {SERVER_START_TIMEOUT_S} s:\n"
-                            f"{_tail(self.log)}")
-            time.sleep(0.5)
+            return False
+
+        wait_until(healthy, f"the {self.name} server to answer {self.health}", SERVER_START_S,
+                   details=lambda: _tail(self.log))
 
 
 def _start(name: str, cmd: list[str], home: Path, url: str, health: str, **env: str) -> Server:
@@ -201,9 +208,9 @@ def stage_env(servers: dict[str, Server], server: str) -> dict[str, str]:
     return clean_env(MLFLOW_TRACKING_URI=server, PREFECT_API_URL=servers["prefect"].url)
 
 
-def _run(repo: Path, *cmd: str, env: dict[str, str], timeout: float = STAGE_TIMEOUT_S
-         ) -> subprocess.CompletedProcess:
-    done = subprocess.run(list(cmd), cwd=repo, capture_output=True, text=True, timeout=timeout, env=env)
+def _run(repo: Path, *cmd: str, env: dict[str, str], seconds: float = COMMAND_S) -> subprocess.CompletedProcess:
+    """``cmd`` run to its exit in ``repo`` (a hang fails at ``ceiling(seconds)``); it must succeed."""
+    done = completed(cmd, f"`{' '.join(cmd)}` to exit", seconds, cwd=repo, env=env)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -282,7 +289,7 @@ def reference(project: Path, server: str, stage_env: dict[str, str],
     """One sequential run of the stage, alone on the server: what every run must hold — its param names,
     metric names and artifact files — each checked against what the stage wrote to disk."""
     repo = _copy(project, tmp_path_factory.mktemp("sequential") / "repo")
-    run_id = _run_id(_run(repo, sys.executable, "-m", f"stages.{STAGE}", env=stage_env).stderr)
+    run_id = _run_id(_run(repo, sys.executable, "-m", f"stages.{STAGE}", env=stage_env, seconds=STAGE_S).stderr)
     client = mlflow.MlflowClient(tracking_uri=server)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -322,9 +329,12 @@ def _explained(servers: dict[str, Server], project: Path | None = None) -> Itera
         for started in servers.values():
             exc.add_note(f"--- {started.name} server log (tail):\n{_tail(started.log, 30)}")
         if project is not None:
-            state = subprocess.run(["dvc", "queue", "status"], cwd=project, env=clean_env(), capture_output=True,
-                                   text=True, timeout=120)
-            exc.add_note(f"--- dvc queue status:\n{state.stdout}{state.stderr}")
+            try:
+                state = subprocess.run(["dvc", "queue", "status"], cwd=project, env=clean_env(),
+                                       capture_output=True, text=True, timeout=ceiling(COMMAND_S))
+                exc.add_note(f"--- dvc queue status:\n{state.stdout}{state.stderr}")
+            except subprocess.TimeoutExpired:
+                exc.add_note(f"--- dvc queue status: no answer within {ceiling(COMMAND_S):g} s")
         raise
 
 
@@ -367,13 +377,15 @@ def test_two_stage_processes_at_once_lose_nothing(servers: dict[str, Server], se
     with _explained(servers):
         since = int(time.time() * 1000)
         repos = {value: _copy(project, tmp_path / f"repo-{value}", value) for value in (SWEEP[0], OTHER)}
-        meeting = dict(stage_env, MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2")
+        meeting = dict(stage_env, MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2",
+                       MEETING_TIMEOUT_S=str(ceiling(STAGE_S)))
         (tmp_path / "meeting").mkdir()
         procs = {value: subprocess.Popen([sys.executable, MEETING.name, STAGE], cwd=repo, text=True,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=meeting)
                  for value, repo in repos.items()}
         try:
-            outputs = {value: p.communicate(timeout=STAGE_TIMEOUT_S) for value, p in procs.items()}
+            outputs = {value: finished(p, f"the stage run with {SWEPT}={value} to exit", STAGE_S)
+                       for value, p in procs.items()}
         finally:
             for p in procs.values():
                 if p.poll() is None:
@@ -413,22 +425,24 @@ def _exp_show(repo: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
 @pytest.fixture
 def queue_workers_stopped(project: Path) -> Iterator[None]:
     """Teardown: no DVC queue worker (or stage it ran) is left. The workers exit by themselves 10 s after
-    the queue empties (quicker than ``dvc queue stop``); any still there a minute later fails the test and
-    is stopped (``dvc queue stop --kill``, then SIGKILL)."""
+    the queue empties (quicker than ``dvc queue stop``); any still there at ``ceiling(QUEUE_WORKERS_EXIT_S)``
+    fails the test and is stopped (``dvc queue stop --kill``, then SIGKILL)."""
     yield
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ceiling(QUEUE_WORKERS_EXIT_S)
     while _under(project) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = _command_lines(_under(project))
     if left:
-        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=project, env=clean_env(), capture_output=True)
-        psutil.wait_procs(_under(project), timeout=10)
+        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=project, env=clean_env(), capture_output=True,
+                       timeout=ceiling(COMMAND_S))
+        psutil.wait_procs(_under(project), timeout=ceiling(10))
         for p in _under(project):
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-    assert not left, f"DVC queue processes left running a minute after the queue emptied: {left}"
+    assert not left, hit("the DVC queue processes to exit once the queue emptied", QUEUE_WORKERS_EXIT_S,
+                         "\n".join(left))
 
 
 def test_a_queued_sweep_on_two_workers_loses_nothing(servers: dict[str, Server], server: str,
@@ -446,18 +460,23 @@ def test_a_queued_sweep_on_two_workers_loses_nothing(servers: dict[str, Server],
         _run(project, "dvc", "exp", "run", "--queue", "-S", f"{SWEPT}={','.join(map(str, SWEEP))}", env=stage_env)
         (tmp_path / "meeting").mkdir()  # the first two experiments' runs wait for each other (meeting_stage.py)
         _run(project, "dvc", "queue", "start", "-j", "2",
-             env=dict(stage_env, MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2"))
-        deadline, polls, status = time.monotonic() + 2 * STAGE_TIMEOUT_S, 0, "(not asked yet)"
-        while True:  # cheap HTTP polls while the experiments run; DVC is asked once they have all logged (and
-            # every ~15 s, so a stage that fails before it opens its run fails the test at once)
-            finished = sum(r.info.status != "RUNNING" for r in _new_runs(client, since))
-            if finished >= len(SWEEP) or polls % 8 == 7:
-                status = _run(project, "dvc", "queue", "status", env=stage_env).stdout
-                if "Failed" in status or not any(word in status for word in ("Queued", "Running")):
-                    break
-            assert time.monotonic() < deadline, status
+             env=dict(stage_env, MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2",
+                      MEETING_TIMEOUT_S=str(ceiling(STAGE_S))))
+        polls, status = 0, "(not asked yet)"
+
+        def queue_done() -> bool:
+            """Cheap HTTP polls while the experiments run; DVC is asked once they have all logged (and every ~15 s,
+            so that a stage that fails before it opens its run fails the test at once): done when one failed or
+            none is queued or running."""
+            nonlocal polls, status
             polls += 1
-            time.sleep(2)
+            ended = sum(r.info.status != "RUNNING" for r in _new_runs(client, since))
+            if ended >= len(SWEEP) or polls % 8 == 0:
+                status = _run(project, "dvc", "queue", "status", env=stage_env).stdout
+                return "Failed" in status or not any(word in status for word in ("Queued", "Running"))
+            return False
+
+        wait_until(queue_done, "the queued experiments to end", SWEEP_S, poll=2, details=lambda: status)
         failed = [line.split()[1] for line in status.splitlines() if "Failed" in line.split()[-1:]]
         assert not failed, status + "".join(
             _run(project, "dvc", "queue", "logs", name, env=stage_env).stdout[-3000:] for name in failed)
