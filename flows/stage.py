@@ -24,6 +24,7 @@ Outside a Prefect flow (tests, notebooks) :func:`run_stage` runs the jobs in ord
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import re
@@ -41,6 +42,7 @@ import yaml
 
 from flows import project, runners, tracking
 from otfed import io
+from otfed.cpu_kernels import hold_torch_kernels, kernels_in_use, portability_gaps
 from otfed.errors import ConfigError, OtfedError
 from stages.params import load_params, stage as stage_named, validate_params
 from stages.stage import Job, Stage, headline_metrics, unmatched_patterns
@@ -105,7 +107,10 @@ def announce(label: str, message: str) -> None:
 
 
 def _run_job(job: Job) -> Any:
-    """Run one job; a failure carries the job's name (``in task <name>``) for the runner's error line."""
+    """Run one job, on the portable CPU kernels where the process holds them (:mod:`otfed.cpu_kernels`; a
+    Dask worker is a process of its own); a failure carries the job's name (``in task <name>``) for the
+    runner's error line."""
+    hold_torch_kernels()
     try:
         return job()
     except Exception as exc:
@@ -113,10 +118,19 @@ def _run_job(job: Job) -> Any:
         raise
 
 
-def _run_batch(names: list[str], fns: list[Any], calls: list[Mapping[str, Any]]) -> list[Any]:
+def _run_batch(names: list[str], fns: list[Any], calls: list[Mapping[str, Any]]) -> tuple[list[Any], list[str]]:
     """:func:`_run_job` of each ``Job(name, fn, kwargs)`` in turn: one task's parameters (a Dask task runner
-    resolves the futures of scattered arguments inside ``calls`` before the call)."""
-    return [_run_job(Job(name, fn, kwargs)) for name, fn, kwargs in zip(names, fns, calls)]
+    resolves the futures of scattered arguments inside ``calls`` before the call). Returns their results and
+    the process's :func:`kernel_gaps` (a ``dask worker`` started by hand may run other CPU kernels than the
+    stage's process: the stage says so)."""
+    return [_run_job(Job(name, fn, kwargs)) for name, fn, kwargs in zip(names, fns, calls)], kernel_gaps()
+
+
+@functools.cache
+def kernel_gaps() -> list[str]:
+    """This process's :func:`otfed.cpu_kernels.portability_gaps` where it should run the portable kernels
+    (``OTFED_CPU_KERNELS=portable``), else none; once per process (the kernels are set for its lifetime)."""
+    return portability_gaps(kernels_in_use()) if os.environ.get("OTFED_CPU_KERNELS") == "portable" else []
 
 
 def failed_task(exc: BaseException) -> str | None:
@@ -162,11 +176,12 @@ def fan_out(jobs: list[Job], label: str = "stage", mix_kinds: bool = False) -> l
         futures.append(future)
         members[id(future)] = (name, group)
     results: list[Any] = [None] * len(jobs)
+    warned = False
     try:
         for future in as_completed(futures):
             name, group = members[id(future)]
             try:
-                done = future.result()  # raises the first failure (with its task name) at once
+                done, gaps = future.result()  # raises the first failure (with its task name) at once
             except Exception as exc:  # e.g. a Dask worker died: the job never added its name
                 if failed_task(exc) is None:
                     exc.add_note(f"in task {name!r}")
@@ -174,6 +189,11 @@ def fan_out(jobs: list[Job], label: str = "stage", mix_kinds: bool = False) -> l
             for k, result in zip(group, done):
                 results[k] = result
                 progress.step(jobs[k].name)
+            if client is not None and gaps and not warned:
+                warned = True
+                announce(label, f"warning: a Dask worker runs off the portable CPU kernels ({'; '.join(gaps)}): "
+                                "outputs may differ in the last bits from another machine's; start `dask worker` "
+                                "after `eval \"$(python -m otfed.cpu_kernels)\"`")
     except BaseException:  # a failure or an interrupt: tasks not started yet never start
         for future in futures:
             wrapped = getattr(future, "wrapped_future", None)
@@ -278,7 +298,9 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
     with runners.one_blas_thread(), tracking.stage_run(stage.name, tracking.flatten(read), tracking.params_hash(read),
                             description=description(stage)) as run, ExitStack() as staged:
         dirs = {folder: staged.enter_context(io.staged_directory(folder)) for folder in stage.outputs}
+        hold_torch_kernels()
         jobs = stage.jobs(p, dirs)
+        record_kernels(stage.name, run)
         announce(stage.name, f"{len(jobs)} tasks on "
                              f"{runners.describe(p.run.task_runner, p.run.max_workers, p.run.dask_address)} "
                              f"(MLflow run {run.run_id})")
@@ -299,6 +321,22 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
         run.log_artifact(reports / "metrics.json")
     announce(stage.name, f"done in {_clock(time.monotonic() - start)} → {', '.join(stage.outputs)}")
     return metrics
+
+
+def record_kernels(label: str, run: tracking.TrackedRun) -> None:
+    """The CPU kernels this stage runs on (:func:`otfed.cpu_kernels.kernels_in_use`) as the run's
+    ``cpu_kernels.*`` tags; a warning line where the stage should hold them to the portable ones and cannot
+    (numpy or torch was imported before :func:`otfed.cpu_kernels.use_portable_kernels` could run) — its
+    outputs may then differ in the last bits on another CPU."""
+    found = kernels_in_use()
+    run.set_tags({f"cpu_kernels.{key}": value for key, value in found.items()})
+    if found["switch"] == "native":
+        return
+    gaps = portability_gaps(found)
+    if gaps:
+        announce(label, f"warning: not on the portable CPU kernels ({'; '.join(gaps)}): outputs may differ in the "
+                        "last bits on another CPU (start the stage with `python -m stages.<name>`, or set "
+                        "OTFED_CPU_KERNELS=native to say this is meant)")
 
 
 # ------------------------------------------------------------------------------------------- main

@@ -1,7 +1,15 @@
 """Shared fixtures: a pre-migrated MLflow SQLite store copied per test (7 s → 0.1 s per test), and one torch
 thread per test — on a shared 2-core machine torch's intra-op threads waiting on each other made small-tensor
-tests 10–50× slower (one distillation test took 15 s instead of 0.3 s)."""
+tests 10–50× slower (one distillation test took 15 s instead of 0.3 s).
+
+The tests run on the machine's own CPU kernels (``OTFED_CPU_KERNELS=native``, :mod:`otfed.cpu_kernels`): a
+test must hold on any CPU, so none may depend on the kernels the pipeline holds its stages to. A test that
+starts a stage process and wants those kernels removes the variable from the process's environment."""
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OTFED_CPU_KERNELS", "native")  # before anything imports stages/ or flows/
 
 import copy
 import shutil
@@ -14,8 +22,20 @@ import yaml
 
 from otfed.errors import ConfigError
 from stages.params import validate_params
+from tests.ceilings import ceiling
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# a stage flow run in this process starts a temporary Prefect server: its start-up ceiling scales like the tests'
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(round(ceiling(600))))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-timeout's per-test ceiling (``timeout`` in pyproject.toml) scales with ``OTFED_TEST_TIME_FACTOR`` like
+    every other ceiling (tests/ceilings.py); an explicit ``--timeout`` or ``PYTEST_TIMEOUT`` wins."""
+    ini = config.getini("timeout")
+    if ini and "PYTEST_TIMEOUT" not in os.environ:
+        os.environ["PYTEST_TIMEOUT"] = str(ceiling(float(ini)))
 
 
 @pytest.fixture(scope="session")

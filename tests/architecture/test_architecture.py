@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("otfed.data", "otfed.metrics"),
     ("otfed.ot", "otfed.label_space"),
     ("otfed.io", "otfed.schema", "otfed.device", "otfed.host_sync"),
-    ("otfed.errors",),
+    ("otfed.errors", "otfed.cpu_kernels"),
 ]
 PIPELINE_ONLY = {"prefect", "mlflow"}
 

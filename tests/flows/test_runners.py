@@ -181,6 +181,27 @@ def test_fan_out_on_dask_returns_every_result_in_job_order_from_batched_tasks() 
     assert len(runners.batches(11, 2)) == 8
 
 
+def test_a_dask_worker_off_the_portable_kernels_is_one_warning_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``dask worker`` started by hand without the portable CPU kernels' exports keeps OpenBLAS's own (injected
+    here: every worker reports that gap): the stage says so once, on the console, naming the gap and the fix."""
+    from distributed import LocalCluster
+    from prefect import flow
+
+    from flows import stage
+    from stages.stage import Job
+
+    jobs = [Job(f"square {k}", _square, dict(k=k)) for k in range(5)]
+    gap = "OpenBLAS runs SkylakeX kernels, not Haswell"
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stage, "kernel_gaps", lambda: [gap])
+            results = flow(task_runner=runners.task_runner("dask", 2, cluster.scheduler_address),
+                           validate_parameters=False)(lambda: stage.fan_out(jobs, "test"))()
+    assert results == [k * k for k in range(5)]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "off the portable CPU kernels" in line]
+    assert len(warnings) == 1 and gap in warnings[0] and "python -m otfed.cpu_kernels" in warnings[0], warnings
+
+
 def test_local_cluster_workers_get_the_worker_environ() -> None:
     """A stage's local cluster: every worker process has WORKER_ENVIRON (the mmap threshold that keeps numpy
     arrays off per-call mmap) besides Dask's own MALLOC_TRIM_THRESHOLD_."""

@@ -12,17 +12,22 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.ceilings import ceiling, completed, hit, tail, wait_until
 from tests.integration.support import BIN, REPO, clean_env, free_port
 from tests.stages.conftest import tiny_params
 from tests.stages.test_text_stages import text_params
 
 pytestmark = pytest.mark.integration
+
+# ceilings (tests/ceilings.py), several times the durations on a loaded 2-core machine; idle, a stage run takes
+# 10-30 s, the scheduler and the workers start in a few seconds
+STAGE_S = 480
+CLUSTER_START_S = 240
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -46,9 +51,18 @@ def _write_params(root: Path, runner: str, address: str | None = None, workers: 
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def _stage(root: Path, name: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=root, env=_env(root), text=True,
-                          capture_output=True, timeout=timeout)
+def _portable_exports() -> dict[str, str]:
+    """What ``eval "$(python -m otfed.cpu_kernels)"`` exports: the README's way to start a ``dask worker`` by hand
+    on the stages' portable CPU kernels (``distributed`` imports numpy before a task could set them)."""
+    out = subprocess.run([sys.executable, "-m", "otfed.cpu_kernels"], cwd=REPO, env=clean_env(), capture_output=True,
+                         text=True, check=True).stdout
+    return dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines())
+
+
+def _stage(root: Path, name: str) -> subprocess.CompletedProcess:
+    """``python -m stages.<name>`` in ``root``, once it has exited (a hang fails at ``ceiling(STAGE_S)``)."""
+    return completed([sys.executable, "-m", f"stages.{name}"], f"the stage {name} to exit", STAGE_S, cwd=root,
+                     env=_env(root))
 
 
 def _files(root: Path, folders: list[str]) -> dict[str, bytes]:
@@ -59,7 +73,7 @@ def _files(root: Path, folders: list[str]) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     """A project with the partition stage run, and a Dask scheduler + 2 single-threaded workers started in
-    it (the workers' working directory is the project root, as the README asks of remote workers)."""
+    it as the README asks of remote workers: from the project root, with the portable CPU kernels exported."""
     if shutil.which("dask", path=str(BIN)) is None:
         pytest.skip("needs the dask command (distributed)")
     root = tmp_path_factory.mktemp("dask_project")
@@ -69,23 +83,35 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     env = _env(root)
     env["DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES"] = "1"  # a task that kills 2 workers fails (default 3)
     scheduler_file = root / "scheduler.json"
-    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-                               "--no-dashboard", "--scheduler-file", str(scheduler_file)],
-                              cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    logs = {name: root / f"{name}.log" for name in ("scheduler", "workers")}
+    with open(logs["scheduler"], "wb") as log:
+        procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                   "--no-dashboard", "--scheduler-file", str(scheduler_file)],
+                                  cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)]
     try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert scheduler_file.exists(), "the Dask scheduler did not start"
+        def scheduler_file_written() -> bool:
+            if procs[0].poll() is not None:
+                pytest.fail(f"the Dask scheduler exited with {procs[0].returncode}:\n"
+                            f"{tail(logs['scheduler'].read_text())}")
+            return scheduler_file.exists()
+
+        wait_until(scheduler_file_written, "the Dask scheduler to write its scheduler file", CLUSTER_START_S,
+                   poll=0.2, details=lambda: tail(logs["scheduler"].read_text()))
         address = yaml.safe_load(scheduler_file.read_text())["address"]
-        procs.append(subprocess.Popen([str(BIN / "dask"), "worker", "--scheduler-file", str(scheduler_file),
-                                       "--nworkers", "2", "--nthreads", "1", "--host", "127.0.0.1",
-                                       "--no-dashboard"],
-                                      cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with open(logs["workers"], "wb") as log:
+            procs.append(subprocess.Popen([str(BIN / "dask"), "worker", "--scheduler-file", str(scheduler_file),
+                                           "--nworkers", "2", "--nthreads", "1", "--host", "127.0.0.1",
+                                           "--no-dashboard"],
+                                          cwd=root, env={**env, **_portable_exports()}, stdout=log,
+                                          stderr=subprocess.STDOUT))
         from distributed import Client
 
-        with Client(address, timeout=30, set_as_default=False) as client:
-            client.wait_for_workers(2, timeout=60)
+        with Client(address, timeout=ceiling(CLUSTER_START_S), set_as_default=False) as client:
+            try:
+                client.wait_for_workers(2, timeout=ceiling(CLUSTER_START_S))
+            except TimeoutError:
+                pytest.fail(hit("2 Dask workers to join the scheduler", CLUSTER_START_S,
+                                tail(logs["workers"].read_text())))
         yield root, address
     finally:
         for proc in reversed(procs):
@@ -111,6 +137,7 @@ def test_a_stage_gives_the_same_outputs_on_every_runner(cluster, name: str, fold
         assert done.returncode == 0, done.stderr
         on = f"dask at {address}" if runner == "dask" else f"{runner} × {1 if runner == 'sequential' else 2}"
         assert f"tasks on {on}" in done.stderr
+        assert "off the portable CPU kernels" not in done.stderr, done.stderr  # workers hold them too
         outputs[runner] = _files(root, folders)
     assert outputs["sequential"], "the stage wrote nothing"
     for runner in runners[1:]:
@@ -122,7 +149,7 @@ def test_a_stage_gives_the_same_outputs_on_every_runner(cluster, name: str, fold
 def test_an_address_that_does_not_answer_is_one_error_line_and_writes_nothing(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port('Dask scheduler')}"  # nothing listens there
     _write_params(tmp_path, "dask", address)
-    done = _stage(tmp_path, "partition", timeout=120)
+    done = _stage(tmp_path, "partition")
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: params.yaml: run.dask_address: no Dask scheduler "
@@ -137,8 +164,8 @@ def test_a_worker_that_dies_fails_the_stage_with_the_task_named_and_keeps_the_ou
     root, address = cluster
     _write_params(root, "dask", address)
     before = _files(root, ["reports/partition", "data/partitions"])
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("dying_stage.py"))], cwd=root,
-                          env=_env(root), text=True, capture_output=True, timeout=300)
+    done = completed([sys.executable, str(Path(__file__).with_name("dying_stage.py"))], "the dying stage to exit",
+                     STAGE_S, cwd=root, env=_env(root))
     assert done.returncode == 1, done.stderr
     assert "error: KilledWorker" in done.stderr and "  in task 'doomed'" in done.stderr, done.stderr
     assert _files(root, ["reports/partition", "data/partitions"]) == before
