@@ -3,6 +3,8 @@
 #                     then write the results page reports/index.html
 #                     (make pipeline FORCE=1: dvc repro --force)
 #   make test       — set up .venv and run the test suite (what .ci/run calls)
+# and, while developing:
+#   make test-fast  — the library and stage unit tests only (no test marked `slow` or `integration`): a minute or two
 # and, for several stages / hosts logging at once (e.g. `dvc queue start -j 2`):
 #   make mlflow-server   — an MLflow tracking server on 127.0.0.1:5000 (make mlflow-server MLFLOW_PORT=5001: another
 #                          port): runs in mlflow-server/mlflow.db, artifacts in mlflow-server/artifacts, served
@@ -12,7 +14,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup pipeline test bench clean-runs mlflow-server gpu-check device-kit
+.PHONY: setup pipeline test test-fast bench clean-runs mlflow-server gpu-check device-kit
 
 $(VENV)/.installed: requirements.lock
 	python3 -m venv $(VENV)
@@ -27,8 +29,12 @@ pipeline: setup   ## FORCE=1 recomputes every stage (and logs every stage to MLf
 	dvc repro $(if $(FORCE),--force)
 	python -m flows.results   # reports/index.html: every paper table / figure next to otfed's
 
+PYTEST_WORKERS ?= 2   # make test: test files spread over this many processes (pytest-xdist; 0: one process)
 test: setup
-	python -m pytest
+	python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+
+test-fast: setup   ## no `slow` (small-ε references, in-process Dask) or `integration` (real servers, subprocesses) test
+	python -m pytest -m "not slow and not integration"
 
 bench: setup   ## every benchmark → reports/bench/ (tens of minutes; not part of the tests)
 	python -m bench.fedwad_speed

@@ -72,6 +72,7 @@ def _blas_threads() -> list[int]:
     return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
 
 
+@pytest.mark.integration
 def test_a_stage_runs_blas_on_one_thread_in_every_task_thread(tmp_path: Path, mlflow_uri: str,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Two task threads each calling a BLAS that runs a thread per core oversubscribe the cores (fed_distance's
@@ -163,6 +164,7 @@ def test_a_bad_data_file_is_reported_before_any_server_starts(tmp_path: Path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "raw"]  # no .prefect, no outputs
 
 
+@pytest.mark.integration
 def test_a_failing_task_ends_in_one_error_line_naming_it(tmp_path: Path, mlflow_uri: str,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture) -> None:

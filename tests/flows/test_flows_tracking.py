@@ -73,6 +73,7 @@ with tracking.stage_run(sys.argv[1], {"k": sys.argv[1]}, "h") as run:
 """
 
 
+@pytest.mark.integration
 def test_two_stages_starting_at_once_on_a_fresh_store_both_finish(tmp_path: Path, monkeypatch) -> None:
     """A fresh mlruns.db is created and migrated once, under a lock: two processes that start together both
     log their run, and the store works afterwards (without the lock MLflow's schema migration races)."""
@@ -266,6 +267,7 @@ def start_writers(tmp_path: Path) -> Iterator[Callable[..., dict[str, subprocess
         proc.communicate()
 
 
+@pytest.mark.integration
 def test_concurrent_writer_processes_on_one_fresh_store_lose_nothing(mlflow_uri: str, tmp_path: Path,
                                                                      start_writers) -> None:
     """Three processes write at once into one fresh store (the migrated empty template): each a stage run and

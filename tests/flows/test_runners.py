@@ -48,6 +48,7 @@ def test_a_malformed_address_names_the_key(config_error, address: str) -> None:
     assert message.startswith("params.yaml: run.dask_address: ") and "must be a Dask scheduler address" in message
 
 
+@pytest.mark.slow
 def test_an_address_where_nothing_listens_is_a_config_error_naming_it() -> None:
     port = free_port("Dask scheduler")  # closed again: nothing listens there
     with pytest.raises(ConfigError, match=rf"run\.dask_address: no Dask scheduler answers at 'tcp://127.0.0.1:{port}'"):
@@ -160,6 +161,7 @@ def _square(k: int) -> int:
     return k * k
 
 
+@pytest.mark.slow
 def test_fan_out_on_dask_returns_every_result_in_job_order_from_batched_tasks() -> None:
     """11 jobs on a 2-worker cluster go as 8 Prefect tasks (batches of 1–2 jobs); the results come back in
     job order, each job's own, and the progress counts jobs."""
@@ -202,6 +204,7 @@ def test_a_dask_worker_off_the_portable_kernels_is_one_warning_line(capsys: pyte
     assert len(warnings) == 1 and gap in warnings[0] and "python -m otfed.cpu_kernels" in warnings[0], warnings
 
 
+@pytest.mark.integration
 def test_local_cluster_workers_get_the_worker_environ() -> None:
     """A stage's local cluster: every worker process has WORKER_ENVIRON (the mmap threshold that keeps numpy
     arrays off per-call mmap) besides Dask's own MALLOC_TRIM_THRESHOLD_."""
@@ -220,6 +223,7 @@ def test_local_cluster_workers_get_the_worker_environ() -> None:
     assert environ == {**runners.WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_": "65536"}
 
 
+@pytest.mark.integration
 def test_fedbary_on_dask_workers_equals_the_in_process_run() -> None:
     """FedBary with its clients as Dask actors on two worker processes and the server's per-client work as
     Dask tasks: bit-for-bit the in-process result (distances, history, barycenter, every message)."""
