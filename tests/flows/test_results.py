@@ -187,3 +187,11 @@ def test_every_view_named_by_the_papers_exists() -> None:
     for paper in PAPERS:
         for item in paper["items"]:
             assert item["stage"] in stages() or item.get("run"), item["ref"]
+
+
+def test_the_committed_page_is_the_page_of_the_committed_reports() -> None:
+    """`make pipeline` rewrites reports/index.html after `dvc repro`: a page committed stale (reports regenerated
+    without it) would leave a fresh clone's tree modified. It must be what the committed reports give now."""
+    committed = REPO / "reports" / "index.html"
+    assert results.page_html(REPO / "reports", committed) == committed.read_text(encoding="utf-8"), (
+        "reports/index.html is stale: run `python -m flows.results` and commit it")
