@@ -7,7 +7,8 @@ import pytest
 from otfed.errors import DegenerateClientError
 from otfed.federation import Channel, FedWaDConfig, LabelledData, federated_otdd, pairwise_federated_otdd
 from otfed.federation.otdd import matrix_and_ledger, pairwise_sessions
-from otfed.ot import otdd_exact
+from otfed.ot import augment_with_label_stats, class_statistics, otdd_exact
+from tests.privacy_boundary import assert_boundary_holds
 
 
 def labelled(name: str, n: int, shift: float, seed: int, d: int = 3, classes: int = 2) -> LabelledData:
@@ -86,11 +87,11 @@ def test_server_sees_no_sample_label_or_statistic() -> None:
     a, b = labelled("a", 30, 0.0, 1), labelled("b", 30, 1.0, 2)
     channel = Channel(keep_inbox=True)
     federated_otdd(a, b, FedWaDConfig(support_size=30, iterations=5, interpolation="exact"), channel=channel)
-    received = [arr for m in channel.received_by("server") for arr in m.arrays() if arr.ndim == 2]
-    assert received
-    for data in (a, b):
-        for support in received:
-            assert support.shape[1] == 3 * data.x.shape[1]  # augmented space, never raw features
-            raw = support[:, : data.x.shape[1]]
-            nearest = np.min(np.linalg.norm(raw[:, None, :] - data.x[None, :, :], axis=-1))
-            assert nearest > 1e-6
+    received = channel.received_by("server")
+    supports = [arr for m in received for arr in m.arrays() if arr.ndim == 2]
+    assert supports and all(s.shape[1] == 3 * a.x.shape[1] for s in supports)  # augmented space only
+    private = {}
+    for data in (a, b):  # raw features, augmented samples [x; m_y; s_y], class statistics [m_y; s_y]
+        augmented = augment_with_label_stats(data.x, data.y, class_statistics(data.x, data.y))
+        private[data.name] = [data.x, augmented, np.unique(augmented[:, data.x.shape[1]:], axis=0)]
+    assert_boundary_holds(received, private)  # every field, every window (tests/privacy_boundary.py)
