@@ -19,6 +19,7 @@ from tests.architecture.import_graph import REPO, compact_deps, imports_of, modu
 # subpackages sharing a layer are independent of each other.
 LAYERS: list[tuple[str, ...]] = [
     ("otfed.figures",),
+    ("otfed.privacy",),
     ("otfed.federation",),
     ("otfed.valuation", "otfed.distill"),
     ("otfed.fl", "otfed.models", "otfed.clustering"),
