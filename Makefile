@@ -26,6 +26,7 @@ $(VENV)/.installed: requirements.lock
 setup: $(VENV)/.installed
 
 pipeline: setup   ## FORCE=1 recomputes every stage (and logs every stage to MLflow / Prefect again)
+	python -m stages.params   # the whole params.yaml, every group: dvc repro skips stages that are not stale
 	dvc repro $(if $(FORCE),--force)
 	python -m flows.results   # reports/index.html: every paper table / figure next to otfed's
 

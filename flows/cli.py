@@ -41,8 +41,13 @@ def run(stage: str = typer.Argument(..., help="The stage to run (partition, fed_
 @app.command(context_settings=PASS_THROUGH)
 def repro(args: Optional[List[str]] = typer.Argument(None, help="Stages, and any `dvc repro` option "
                                                                  "(--force, --dry, -s …).")) -> None:
-    """Reproduce the pipeline: `dvc repro [STAGES...]` (only what is stale runs)."""
+    """Reproduce the pipeline: the whole params.yaml validated, then `dvc repro [STAGES...]` (only what is stale
+    runs — a misspelt key in a group no stale stage reads would otherwise pass unnoticed)."""
     from flows.doctor import tool_path
+    from stages.params import main as validate_params_file
+
+    if validate_params_file(["params.yaml"]) != 0:
+        raise typer.Exit(2)
 
     dvc = tool_path("dvc")
     if dvc is None:

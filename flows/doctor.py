@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Literal
 
+from flows.redaction import redact
+
 PYTHON = (3, 11)  # pyproject.toml: requires-python = ">=3.11"
 # distribution (as requirements.lock spells it) → the module it is imported as
 KEY_PACKAGES: dict[str, str] = {
@@ -213,9 +215,10 @@ def checks(params_path: Path, lock: Path = Path("requirements.lock")) -> Iterabl
 
 
 def run(params_path: Path, echo: Callable[[str], None] = print) -> int:
-    """Print every check, one line each; 1 if any FAILed, else 0."""
+    """Print every check, one line each (credentials in URIs hidden: :func:`flows.redaction.redact`); 1 if any
+    FAILed, else 0."""
     failed = False
     for check in checks(params_path):
-        echo(check.line())
+        echo(redact(check.line()))
         failed |= check.status == "FAIL"
     return 1 if failed else 0

@@ -28,7 +28,7 @@ import yaml
 from flows.project import project_root
 from flows.stage import configure_prefect_environment, failure_lines
 from otfed.errors import ConfigError
-from stages.params import validate_params
+from stages.params import read_params_file, validate_params
 
 configure_prefect_environment(verbose=True)
 
@@ -54,7 +54,7 @@ def check_overrides(set_params: dict[str, str], params_path: str | Path = "param
     """Apply ``key=value`` overrides (values parsed as YAML, as DVC does) to a copy of ``params_path`` and
     validate it — for each of ``stages`` the groups it needs, or the whole file — ConfigError naming the
     key otherwise. ``params_path`` itself is not touched."""
-    data = yaml.safe_load(Path(params_path).read_text())
+    data = read_params_file(params_path)
     for key, raw in set_params.items():
         node = data
         *parents, leaf = key.split(".")

@@ -17,7 +17,10 @@
    console with Prefect's own logs;
 5. Ctrl-C / SIGTERM end the MLflow run as KILLED and the Prefect flow run as crashed, stop the temporary
    Prefect server and keep the previous outputs (exit 130 / 143). The outputs are ``persist: true`` in
-   ``dvc.yaml``, so DVC does not delete them before the command runs either.
+   ``dvc.yaml``, so DVC does not delete them before the command runs either. Tasks still running in threads
+   are not waited for: the process exits as soon as it has cleaned up;
+6. the stage answers to its caller (:mod:`flows.caller`): when the process that started it (``dvc``) exits,
+   the stage stops as if it had received SIGTERM, and it never swaps its outputs in after its caller is gone.
 
 Outside a Prefect flow (tests, notebooks) :func:`run_stage` runs the jobs in order in-process: no server.
 """
@@ -41,6 +44,8 @@ import pandas as pd
 import yaml
 
 from flows import project, runners, tracking
+from flows.caller import CallerGone, Lifeline
+from flows.redaction import RedactingFormatter, redact
 from otfed import io
 from otfed.cpu_kernels import hold_torch_kernels, kernels_in_use, portability_gaps
 from otfed.errors import ConfigError, OtfedError
@@ -286,9 +291,11 @@ def description(stage: Stage) -> str:
     return " ".join(doc.strip().split("\n\n")[0].split())
 
 
-def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
+def run_stage(stage: Stage | str, params: Any, lifeline: Lifeline | None = None) -> dict[str, Any]:
     """Run one stage on validated ``Params`` (or a params dict, validated here): staged outputs, one MLflow
-    run, jobs fanned out, the report step, ``metrics.json`` (the headline metrics). Returns all metrics."""
+    run, jobs fanned out, the report step, ``metrics.json`` (the headline metrics). Returns all metrics.
+    With a ``lifeline``, the outputs are swapped in only if the stage's caller is still there
+    (:class:`~flows.caller.CallerGone` otherwise: the run ends KILLED, the previous outputs stay)."""
     stage = stage_named(stage) if isinstance(stage, str) else stage
     p = validate_params(params, stage=stage) if isinstance(params, dict) else params
     if getattr(p, stage.name, None) is None:
@@ -319,6 +326,8 @@ def run_stage(stage: Stage | str, params: Any) -> dict[str, Any]:
         io.write_json(headline_metrics(metrics, stage.headline), reports / "metrics.json")
         run.log_metrics(tracking.flat_metrics(metrics))
         run.log_artifact(reports / "metrics.json")
+        if lifeline is not None:
+            lifeline.check()  # the last step before the swap: nobody is left to record these outputs
     announce(stage.name, f"done in {_clock(time.monotonic() - start)} → {', '.join(stage.outputs)}")
     return metrics
 
@@ -391,7 +400,7 @@ def _log_to_file(stage: str) -> Iterator[Path]:
     path = project.log_dir() / f"{stage}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="w")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s - %(message)s"))
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)-7s %(name)s - %(message)s"))
     handler.setLevel(logging.INFO)
     logging.getLogger().addHandler(handler)
     log.setLevel(logging.INFO)
@@ -442,7 +451,8 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def failure_lines(exc: BaseException, log_file: Path | None) -> list[str]:
     """The console lines of a failure: ``error: …`` per line of an OtfedError's message (``error: <Type>:
-    <message>`` otherwise), the task it came from, and where the full log is."""
+    <message>`` otherwise), the task it came from, and where the full log is — credentials in URIs hidden
+    (:func:`flows.redaction.redact`)."""
     lines = [f"error: {line}" for line in (str(exc) or type(exc).__name__).splitlines()]
     if not isinstance(exc, OtfedError):
         lines[0] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
@@ -451,7 +461,7 @@ def failure_lines(exc: BaseException, log_file: Path | None) -> list[str]:
         lines.append(f"  in task {task_name}")
     if log_file is not None:
         lines.append(f"  full log: {log_file} (or rerun with --verbose)")
-    return lines
+    return [redact(line) for line in lines]
 
 
 def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list[str] | None = None) -> int:
@@ -473,10 +483,34 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list
             print(f"{params_path}: restored as it was before this experiment's -S values", file=sys.stderr)
         return 2
     with interrupts_raise() as received:  # before prefect starts any thread or server
-        return _run_flow(the_stage, p, verbose, received)
+        lifeline = Lifeline().start()  # SIGTERM once the caller is gone (the handler above is in place)
+        try:
+            status = _run_flow(the_stage, p, verbose, received, lifeline)
+        finally:
+            lifeline.stop()
+    if status in (130, 143) and argv_is_program(argv):
+        exit_now(the_stage, status)
+    return status
 
 
-def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str]) -> int:
+def argv_is_program(argv: list[str] | None) -> bool:
+    """Whether :func:`main` runs as the process's program (``python -m stages.<name>``), not inside a caller."""
+    return argv is None or argv == sys.argv[1:]
+
+
+def exit_now(the_stage: Stage, status: int) -> None:
+    """End an interrupted stage's process now: task threads still computing (threads cannot be stopped) would
+    otherwise keep it alive for minutes, reparented to init (the interpreter joins them before it exits). The
+    MLflow run has ended KILLED by then; the exit handlers still run — they stop the temporary Prefect server
+    and remove the staging folders — and only the wait for the task threads is skipped."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], lifeline: Lifeline | None = None) -> int:
     """The stage as a Prefect flow; the exit status, with one ``error:`` line (and the failed task) when it
     fails, the traceback in the log file."""
     configure_prefect_environment(verbose)
@@ -486,7 +520,7 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str]) -> i
 
     def stage_flow(params: dict[str, Any]) -> dict[str, Any]:
         accept_interrupts()  # the temporary server is up (and immune to the group's SIGINT)
-        return run_stage(the_stage, p)  # ``params`` is what the Prefect UI shows; p is already validated
+        return run_stage(the_stage, p, lifeline)  # ``params`` is what the Prefect UI shows; p is validated
 
     # tasks still running when a stage fails or is interrupted finish before the interpreter exits (threads
     # cannot be stopped) and may write into a staging folder already removed: remove it at the very end
@@ -505,9 +539,11 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str]) -> i
             if received or not isinstance(exc, Exception):  # Ctrl-C / SIGTERM, or Prefect's TerminationSignal
                 name = received[0] if received else str(exc) or (
                     "SIGTERM" if getattr(exc, "signal", None) == signal.SIGTERM else "SIGINT")
-                log.warning("interrupted (%s)", name, exc_info=exc)
-                print(f"error: {the_stage.name} interrupted ({name}); previous outputs kept", file=sys.stderr)
-                return 143 if name == "SIGTERM" else 130
+                gone = lifeline is not None and (lifeline.fired or isinstance(exc, CallerGone))
+                why = f"its caller {lifeline.process.name} (pid {lifeline.process.pid}) exited" if gone else name
+                log.warning("interrupted (%s)", why, exc_info=exc)
+                print(f"error: {the_stage.name} interrupted ({why}); previous outputs kept", file=sys.stderr)
+                return 143 if name == "SIGTERM" or gone else 130
             log.error("stage %s failed", the_stage.name, exc_info=exc)
             for line in failure_lines(exc, log_file):
                 print(line, file=sys.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import sys
 import typing
 from functools import cache
 from pathlib import Path
@@ -265,14 +266,60 @@ def validate_params(data: Any, source: str = "params.yaml", stage: Stage | str |
         raise ConfigError("\n".join(dict.fromkeys(lines)), keys=tuple(dict.fromkeys(keys))) from None
 
 
-def load_params(path: str | Path = "params.yaml", stage: Stage | str | None = None) -> Any:
-    """Read and validate params.yaml (one group per stage; see the comments in the file) — only the groups
-    ``stage`` needs when one is given (:func:`validate_params`)."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key repeated in one mapping (plain YAML keeps the last silently)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1}, again on line "
+                            f"{key_node.start_mark.line + 1}): YAML would keep only the last one", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_params_file(path: str | Path) -> Any:
+    """The parsed params file: ConfigError naming the file when it is missing, not YAML, or repeats a key."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found (run from the repository root)")
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.constructor.ConstructorError as exc:
+        if (exc.problem or "").startswith("duplicate key"):
+            raise ConfigError(f"{path}: {exc.problem}") from None
+        raise ConfigError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from None
-    return validate_params(data, source=str(path), stage=stage)
+
+
+def load_params(path: str | Path = "params.yaml", stage: Stage | str | None = None) -> Any:
+    """Read and validate params.yaml (one group per stage; see the comments in the file) — only the groups
+    ``stage`` needs when one is given (:func:`validate_params`). A key given twice in one group is an error."""
+    return validate_params(read_params_file(path), source=str(path), stage=stage)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stages.params [FILE]``: validate the whole params file (every group, whether or not a stage
+    will read it) — ``make pipeline`` and ``otfed repro`` run it before ``dvc repro``, which skips the stages
+    that are not stale and so would never read a misspelt key. One ``error:`` line per problem, exit 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    path = argv[0] if argv else "params.yaml"
+    try:
+        load_params(path)
+    except ConfigError as exc:
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

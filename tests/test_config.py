@@ -123,3 +123,42 @@ def test_paper_scale_valuation_groups_are_valid() -> None:
     params = load_params(REPO / "params-paper.yaml")
     assert params.barycenter_valuation.fedbary.support_size == 500
     assert params.noisy_removal.federations == ["fmnist_label_noise", "fmnist_feature_noise"]
+
+
+def test_a_key_given_twice_is_an_error_naming_it_and_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("run:\n  seed: 0\n  device: cpu\n  seed: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_params(path)
+    assert str(err.value) == (f"{path}: duplicate key 'seed' (first on line 2, again on line 4): YAML would keep "
+                              "only the last one")
+
+
+def test_python_m_stages_params_validates_every_group(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """What ``make pipeline`` and ``otfed repro`` run before ``dvc repro``: a misspelt key in a group that no
+    stale stage would read is still an error (exit 2, one line naming it and the allowed keys)."""
+    from stages.params import main
+
+    assert main([str(REPO / "params.yaml")]) == 0
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text().replace("\n  seed: 0 ", "\n  sedd: 0 ", 1))
+    assert main([str(path)]) == 2
+    assert capsys.readouterr().err == (f"error: {path}: run.sedd: unknown key; allowed keys here: dask_address, "
+                                       "device, max_workers, seed, task_runner\n")
+
+
+def test_every_key_the_readme_overrides_exists_in_the_shipped_params() -> None:
+    """``dvc exp run -S key=value`` fails on a key that params.yaml lacks: each one the README shows must be
+    there (the Dask command once named run.dask_address, which the file did not have)."""
+    import re
+
+    import yaml
+
+    shipped = yaml.safe_load((REPO / "params.yaml").read_text())
+    keys = set(re.findall(r"-S ([a-z_]+(?:\.[a-z_]+)+)=", (REPO / "README.md").read_text()))
+    assert len(keys) >= 4
+    for key in sorted(keys):
+        node = shipped
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"README overrides {key}; params.yaml has no {part!r}"
+            node = node[part]

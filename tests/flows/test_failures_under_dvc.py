@@ -140,6 +140,39 @@ def test_a_stage_killed_mid_run_loses_nothing_and_leaves_no_process(project: Pat
     assert _runs(project)[0].info.status == "KILLED"  # the MLflow run does not stay RUNNING
 
 
+def test_a_stage_whose_dvc_is_killed_stops_and_swaps_nothing_in(project: Path) -> None:
+    """SIGTERM to ``dvc`` alone (``kill <pid>``, a CI cancel): DVC exits at once and reports failure; the stage
+    it started must stop too — as interrupted, naming its caller — and must not swap in outputs of the new
+    params afterwards (they would not match ``dvc.lock``). Nothing is left running."""
+    before = _snapshot(project)
+    params = project / "params.yaml"
+    good = params.read_text()
+    params.write_text(good.replace("seed: 0", "seed: 5", 1))  # outputs that would differ from the committed ones
+    try:
+        proc = subprocess.Popen(["dvc", "repro"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=clean_env(), start_new_session=True)
+        assert proc.stdout is not None
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "tasks on" in line:
+                break
+        else:
+            pytest.fail("the stage never started its tasks:\n" + "".join(lines))
+        proc.send_signal(signal.SIGTERM)  # dvc alone, not its group
+        out, _ = finished(proc, "`dvc repro`'s output to close (the stage still writing to it)", STOP_S)
+        wait_until(lambda: not _session_processes(proc.pid), "the stage's processes to exit after dvc died",
+                   STOP_S, poll=0.2, details=lambda: "\n".join(_session_processes(proc.pid)))
+    finally:
+        params.write_text(good)
+    text = "".join(lines) + out
+    assert proc.returncode != 0
+    assert "error: partition interrupted (its caller dvc (pid" in text, text[-3000:]
+    assert _snapshot(project) == before, "outputs were swapped in after dvc had reported failure"
+    assert not list(project.glob("**/.*.staging")), "a staging folder was left behind"
+    assert _runs(project)[0].info.status == "KILLED"
+
+
 def test_a_queued_experiment_logs_into_the_users_store(project: Path) -> None:
     """``dvc exp run --queue`` runs the stage in a temporary copy under .dvc/tmp/exps; its MLflow run must
     land in the user's ``mlruns.db`` (DVC_ROOT), tagged with the experiment and its baseline commit."""
