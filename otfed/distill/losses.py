@@ -18,6 +18,12 @@ teacher predicts exactly its bias under E) contributes 0.
 
 **Learning without forgetting** (SPEC §1): the frozen pretrained global model is one more teacher,
 stacked last by :func:`teacher_stack` and weighted like the others.
+
+**Mixture ablation** (:func:`mixture_sinkhorn_loss`, not the papers' loss): one OT term per sample,
+T(h_θ(x), Σ_k W̄_k h_k(x)), between the student and the teachers' weighted mixture. With T = W1 on a line
+the two forms have different minimisers — eq. 3's sum of per-teacher terms puts the student's CDF at the
+weighted *median* of the teachers' CDFs, the mixture term at their weighted *mean* (the mixture itself, which
+is also where the KL baseline's sum lands, since Σ_k W̄_k KL(q_k || p) = KL(Σ_k W̄_k q_k || p) + const).
 """
 from __future__ import annotations
 
@@ -138,4 +144,67 @@ def ensemble_loss(
     if normalize:
         w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
     per_sample = (w * discrepancy).sum(-1)
+    return per_sample.mean() if reduction == "mean" else per_sample
+
+
+def mixture_sinkhorn_loss(
+    student_probs: torch.Tensor,
+    teacher_probs: torch.Tensor,
+    weights: torch.Tensor | Sequence[float] | None = None,
+    *,
+    cost: torch.Tensor | LabelSpace,
+    eps: float,
+    normalize: bool = True,
+    reduction: str = "mean",
+    check_weights: bool = True,
+    **sinkhorn_options: Any,
+) -> torch.Tensor:
+    """An ablation of KNOT eq. 3 (eq. 4 of the confident-Sinkhorns draft), not the papers' loss: ONE Sinkhorn
+    term per sample between the student and the teachers' weighted mixture,
+    mean_b T_ε(h_θ(x_b), Σ_k W̄_bk h_k(x_b)), W̄_bk = W_bk / Σ_j W_bj.
+
+    Eq. 3 sums one term per teacher, Σ_k W̄_k T_ε(h_θ(x), h_k(x)); with the 1-D ordinal cost |i − j| and ε → 0
+    that sum is Σ_k W̄_k Σ_i |F_θ(i) − F_k(i)| (W1 on a line is the L1 distance between CDFs), minimised by the
+    student whose CDF is the weighted median of the teachers' CDFs, whereas this single term is minimised by the
+    mixture, the weighted mean — the KL baseline's minimiser too. So a confident teacher that is wrong by one
+    label, outvoted by the others, moves the mixture (and the KL student) but not eq. 3's student.
+
+    Arguments as in :func:`ensemble_loss` (``cost`` a C×C tensor or :class:`LabelSpace`, ``eps`` the absolute
+    ε, ``sinkhorn_options`` for :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`). The mixture
+    always uses the normalised weights W̄ (it must be a histogram); ``normalize=False`` multiplies each sample's
+    term by Σ_k W_bk, the total weight that the unnormalised eq. 3 gives that sample. A sample whose weights are
+    all 0 contributes 0, as in :func:`ensemble_loss`. One teacher, or teachers that all agree, give the same
+    value as :func:`ensemble_loss`.
+
+    >>> import torch
+    >>> from otfed.label_space import LabelSpace
+    >>> teachers = torch.tensor([[[1.0, 0, 0, 0, 0], [0, 1.0, 0, 0, 0], [0, 1.0, 0, 0, 0]]], dtype=torch.float64)
+    >>> mixture = torch.tensor([[1 / 3, 2 / 3, 0, 0, 0]], dtype=torch.float64)
+    >>> round(float(mixture_sinkhorn_loss(mixture, teachers, cost=LabelSpace.for_task("sa"), eps=1e-3)), 3)
+    0.0
+    >>> round(float(ensemble_loss(mixture, teachers, cost=LabelSpace.for_task("sa"), eps=1e-3)), 3)  # eq. 3
+    0.444
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+    if teacher_probs.ndim == 2:
+        teacher_probs = teacher_probs[:, None, :]
+    if student_probs.ndim != 2 or teacher_probs.ndim != 3 or teacher_probs.shape[0] != student_probs.shape[0] \
+            or teacher_probs.shape[-1] != student_probs.shape[-1]:
+        raise ValueError(f"need student B×C and teachers B×K×C, got {tuple(student_probs.shape)} and "
+                         f"{tuple(teacher_probs.shape)}")
+    if cost is None or eps is None:
+        raise ValueError("the mixture sinkhorn loss needs the label cost (C×C tensor or LabelSpace) and eps")
+    if isinstance(cost, LabelSpace):
+        cost = cost.cost_matrix()
+    B, K, _ = teacher_probs.shape
+    w = _checked_weights(weights, B, K, teacher_probs, check_values=check_weights)
+    total = w.sum(-1)
+    silent = total <= 0  # every weight 0: no target, the sample contributes 0 (its placeholder target is unused)
+    w_bar = torch.where(silent[:, None], torch.full_like(w, 1.0 / K), w / total[:, None].clamp_min(
+        torch.finfo(w.dtype).tiny))
+    mixture = (w_bar[..., None] * teacher_probs).sum(1)
+    discrepancy = sinkhorn_histogram_loss(student_probs, mixture, cost, eps, **sinkhorn_options)
+    scale = total.to(discrepancy.dtype) if not normalize else (~silent).to(discrepancy.dtype)
+    per_sample = scale * discrepancy
     return per_sample.mean() if reduction == "mean" else per_sample

@@ -24,10 +24,14 @@ import torch
 from tqdm.auto import tqdm
 
 from otfed.device import threads_for, to_device
-from otfed.distill.losses import ensemble_loss, validate_weights
+from otfed.distill.losses import KINDS, ensemble_loss, mixture_sinkhorn_loss, validate_weights
 from otfed.distill.weights import teacher_weights
 from otfed.distill.ensemble import TeacherEnsemble
 from otfed.models.training import EpochLoss, seeded_dropout
+
+#: ``kind`` of :func:`distill_student`: eq. 3 with Sinkhorn or KL, or the single-term mixture ablation.
+MIXTURE = "sinkhorn_mixture"
+LOSS_KINDS = KINDS + (MIXTURE,)
 
 
 def ensemble_weights(ensemble: TeacherEnsemble, weighting: str) -> np.ndarray:
@@ -66,8 +70,12 @@ def distill_student(
     Mini-batches come from a seeded local generator; AdamW with ``lr`` and ``weight_decay``. The loss
     of a Sinkhorn batch whose solver did not converge is still used (a warning is emitted).
     ``sinkhorn_solver``: "newton" or "fixed" (:mod:`otfed.ot.entropic_histograms`); ``sinkhorn_iterations``
-    bounds its steps at the final ε.
+    bounds its steps at the final ε. ``kind``: "sinkhorn" or "kl" — eq. 3 (:func:`ensemble_loss`) — or
+    "sinkhorn_mixture", the ablation with one Sinkhorn term against the teachers' weighted mixture
+    (:func:`otfed.distill.losses.mixture_sinkhorn_loss`; same ``cost``, ``eps`` and solver options).
     """
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"unknown loss kind {kind!r}; allowed: {', '.join(LOSS_KINDS)}")
     texts = list(transfer_texts)
     n = len(texts)
     probs = torch.as_tensor(ensemble.probabilities, dtype=torch.float32)
@@ -118,7 +126,10 @@ def _epoch(student, features, probs, w, kind, options, optimizer, generator, bat
         idx = on_device[b * batch_size:(b + 1) * batch_size]
         batch = student.collate([features[i] for i in rows[b * batch_size:(b + 1) * batch_size]])
         student_probs = torch.softmax(student.logits(batch).float(), dim=-1)
-        loss = ensemble_loss(student_probs, probs[idx], w[idx], kind=kind, check_weights=False, **options)
+        if kind == MIXTURE:
+            loss = mixture_sinkhorn_loss(student_probs, probs[idx], w[idx], check_weights=False, **options)
+        else:
+            loss = ensemble_loss(student_probs, probs[idx], w[idx], kind=kind, check_weights=False, **options)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
