@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import random
+import socket
 import sqlite3
 import subprocess
 import time
@@ -272,7 +273,7 @@ class TrackedRun:
     @contextmanager
     def child(self, name: str, tags: Mapping[str, Any] | None = None) -> Iterator["TrackedRun"]:
         """A nested run (one per variant); same metric names across siblings for the compare view."""
-        all_tags = {"mlflow.parentRunId": self.run_id, "variant": name, **(tags or {})}
+        all_tags = {"mlflow.parentRunId": self.run_id, "variant": name, **owner_tags(), **(tags or {})}
         run = self.client.create_run(self.experiment_id, tags={k: str(v) for k, v in all_tags.items()},
                                      run_name=name)
         child = TrackedRun(self.client, run.info.run_id, self.experiment_id)
@@ -306,7 +307,9 @@ def stage_run(stage: str, params: Any, params_hash: str, experiment: str = EXPER
     """
     client = _client()
     exp_id = _experiment_id(client, experiment)
-    tags = {"stage": stage, "git_commit": git_commit(), "params_hash": params_hash}
+    for run_id in close_abandoned_runs(client, exp_id):
+        log.warning("MLflow run %s was left RUNNING by a process that no longer exists: marked KILLED", run_id)
+    tags = {"stage": stage, "git_commit": git_commit(), "params_hash": params_hash, **owner_tags()}
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
     if description:
@@ -316,6 +319,39 @@ def stage_run(stage: str, params: Any, params_hash: str, experiment: str = EXPER
     with _ending(client, tracked.run_id):
         tracked.log_params(params)
         yield tracked
+
+
+OWNER = ("otfed.host", "otfed.pid", "otfed.pid_started")
+
+
+def owner_tags() -> dict[str, str]:
+    """Which process owns a run: host, pid and the pid's start time (a recycled pid is another process)."""
+    import psutil
+
+    return dict(zip(OWNER, (socket.gethostname(), str(os.getpid()), repr(psutil.Process().create_time()))))
+
+
+def close_abandoned_runs(client: Any, experiment_id: str) -> list[str]:
+    """Mark KILLED every run of the experiment still RUNNING whose owner (:func:`owner_tags`) is a process of this
+    host that no longer exists — a stage killed by SIGKILL or the OOM killer never ends its run. Runs owned by a
+    live process, by another host, or without owner tags are left alone. Returns the run ids marked."""
+    import psutil
+
+    host = socket.gethostname()
+    marked = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                  max_results=1000):
+        tags = run.data.tags
+        if tags.get(OWNER[0]) != host or OWNER[1] not in tags or OWNER[2] not in tags:
+            continue
+        try:
+            alive = repr(psutil.Process(int(tags[OWNER[1]])).create_time()) == tags[OWNER[2]]
+        except (psutil.NoSuchProcess, ValueError):
+            alive = False
+        if not alive:
+            client.set_terminated(run.info.run_id, "KILLED")
+            marked.append(run.info.run_id)
+    return marked
 
 
 def params_hash(params: Mapping[str, Any]) -> str:

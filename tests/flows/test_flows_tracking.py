@@ -356,3 +356,36 @@ def test_a_write_lock_held_past_mlflows_busy_timeout_is_waited_out(mlflow_uri: s
     assert control.info.status == "FAILED"
     assert len(client.get_metric_history(control.info.run_id, "loss")) < n_steps  # lost
     _check_runs_complete(client, list(runs.values()), n_params, n_steps, n_batch, tmp_path / "download")
+
+
+def test_runs_a_killed_process_left_running_are_marked_killed_by_the_next_stage(mlflow_uri: str) -> None:
+    """SIGKILL / the OOM killer end a stage without ending its MLflow run: the next stage run marks every run
+    whose owning process is gone KILLED — and leaves a live process's run, another host's run and a run
+    without owner tags as they are."""
+    import socket
+    import subprocess
+    import sys
+
+    import mlflow
+    import psutil
+
+    from flows import tracking
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_started = repr(psutil.Process(dead.pid).create_time())
+    dead.wait()
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    exp = client.create_experiment("otfed")
+    host = socket.gethostname()
+    owners = {"dead": (host, str(dead.pid), dead_started), "live": tuple(tracking.owner_tags().values()),
+              "elsewhere": ("another-host", str(dead.pid), dead_started)}
+    ids = {name: client.create_run(exp, tags=dict(zip(tracking.OWNER, owner))).info.run_id
+           for name, owner in owners.items()}
+    ids["untagged"] = client.create_run(exp).info.run_id
+    assert tracking.close_abandoned_runs(client, exp) == [ids["dead"]]
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert status == {"dead": "KILLED", "live": "RUNNING", "elsewhere": "RUNNING", "untagged": "RUNNING"}
+    with tracking.stage_run("partition", {"a": "1"}, "h") as run:  # the next stage: its own run is live
+        assert client.get_run(run.run_id).info.status == "RUNNING"
+        assert client.get_run(run.run_id).data.tags["otfed.pid"] == str(__import__("os").getpid())
+    assert client.get_run(ids["live"]).info.status == "RUNNING"
