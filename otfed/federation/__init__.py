@@ -1,6 +1,6 @@
 """The federated protocol: Client / Server roles exchanging typed messages over a ledgered channel.
 
-- :mod:`.messages` — MeasureMessage, DistanceMessage (the only things that cross the boundary)
+- :mod:`.messages` — MeasureMessage, DistanceMessage, MomentMessage (the only things that cross the boundary)
 - :mod:`.ledger` — Ledger (kind, sender, receiver, shape, bytes of every message) and Channel
 - :mod:`.fedwad` — FedWaD Algorithm 1 (Rakotomamonjy et al., ICLR 2024)
 - :mod:`.otdd` — federated OTDD: FedWaD on label-augmented samples
@@ -15,7 +15,7 @@ from otfed.federation.coresets import (CoresetClassifier, CoresetClient, Coreset
 from otfed.federation.fedwad import (FedWaDConfig, FedWaDResult, WassersteinClient, WassersteinServer,
                                      client_step, distance_to, fedwad, federated_wasserstein, server_step)
 from otfed.federation.ledger import Channel, Ledger, LedgerEntry
-from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, Message
+from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, Message, MomentMessage
 from otfed.federation.otdd import (LabelledData, augmented_measure, federated_otdd, pairwise_federated_otdd)
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "client_coresets", "coreset_classifier", "coreset_gradient", "coreset_session", "federated_coreset",
     "federated_wasserstein_coreset", "geodesic_fraction", "projection_distance", "wasserstein_coreset",
     "SERVER", "Channel", "DistanceMessage", "FedWaDConfig", "FedWaDResult", "LabelledData", "Ledger",
-    "LedgerEntry", "MeasureMessage", "Message", "WassersteinClient", "WassersteinServer", "augmented_measure",
+    "LedgerEntry", "MeasureMessage", "Message", "MomentMessage", "WassersteinClient", "WassersteinServer", "augmented_measure",
     "client_step", "distance_to", "federated_otdd", "federated_wasserstein", "fedwad",
     "pairwise_federated_otdd", "server_step",
 ]

@@ -17,11 +17,14 @@ Public names (implementation modules in parentheses):
   interpolating measures, eqs. 5 and 10                                                 (interpolation)
 - ``ClassStats``, ``class_statistics``, ``augment_with_label_stats``, ``label_cost``,
   ``otdd_ground_cost``, ``otdd_exact`` — label-augmented OTDD                            (otdd)
+- ``gelbrich_bound(m1, S1, m2, S2)`` — Gelbrich's lower bound of W₂ from means and
+  covariances; ``bures_squared``, ``measure_moments``, ``psd_sqrt``                     (gelbrich)
 """
 
 from otfed.ot.entropic import sinkhorn_log
 from otfed.ot.entropic_histograms import HistogramTransport, entropic_histogram_transport, sinkhorn_histogram_loss
 from otfed.ot.exact import Transport, cost_matrix, exact_plan, optimal_transport, wasserstein
+from otfed.ot.gelbrich import bures_squared, gelbrich_bound, measure_moments, psd_sqrt
 from otfed.ot.interpolation import interpolate_approx, interpolate_exact, interpolating_measure
 from otfed.ot.measures import Measure
 from otfed.ot.otdd import (
@@ -55,4 +58,8 @@ __all__ = [
     "label_cost",
     "otdd_ground_cost",
     "otdd_exact",
+    "gelbrich_bound",
+    "bures_squared",
+    "measure_moments",
+    "psd_sqrt",
 ]

@@ -80,7 +80,7 @@ from otfed.errors import ConfigError, OtfedError
 from otfed.federation.fedwad import (FedWaDConfig, FedWaDResult, WassersteinClient, WassersteinServer, draw_t, fedwad,
                                      subproblem_transport)
 from otfed.federation.ledger import Channel
-from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
+from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, MomentMessage
 from otfed.ot import Measure, optimal_transport
 from otfed.schema import Strict
 
@@ -319,6 +319,12 @@ class DPWassersteinClient(WassersteinClient):
         value = dp_distance(self._measure, request.measure, self._config, self.dp, self.noise_multiplier,
                             self._noise_rng)
         return DistanceMessage(kind, self.name, SERVER, value=value)
+
+    def moments(self) -> MomentMessage:
+        """Refused: the exact mean and covariance (Gelbrich's lower bound, ``fedwad(..., lower_bound=True)``) are
+        not covered by this client's privacy budget."""
+        raise PrivacyBudgetError(f"{self.name}: a DP client does not send its exact moments (the lower bound's "
+                                 "message is not accounted for); run fedwad() with lower_bound=False")
 
     def privacy_spent(self) -> tuple[float, float]:
         """(ε, δ) of the releases made so far (:func:`gaussian_epsilon`); ε ≤ ``dp.epsilon`` once all

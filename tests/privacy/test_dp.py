@@ -139,7 +139,7 @@ def test_distance_noise_has_the_calibrated_std() -> None:
 def test_infinite_epsilon_reproduces_fedwad_exactly() -> None:
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(60, 2)), rng.normal(size=(50, 2)) + 2.0
-    config = FedWaDConfig(support_size=10, iterations=8, record_history=True)
+    config = FedWaDConfig(support_size=10, iterations=8, record_history=True, lower_bound=False)  # no moments
     plain = federated_wasserstein(x, y, config, seed=11)
     private = dp_federated_wasserstein(x, y, config, DPConfig(epsilon=math.inf, clip_radius=50.0), seed=11)
     assert private.estimate == plain.estimate
@@ -275,3 +275,19 @@ def test_no_raw_sample_reaches_the_server() -> None:
 def test_module_examples_run() -> None:
     result = doctest.testmod(dp_module, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_a_dp_client_refuses_to_send_its_exact_moments() -> None:
+    """Gelbrich's lower bound needs each client's exact mean and covariance, which the DP budget does not cover:
+    the DP client refuses, naming itself and the way out."""
+    import pytest
+
+    from otfed.federation.fedwad import FedWaDConfig
+    from otfed.ot import Measure
+    from otfed.privacy.dp import DPConfig, DPWassersteinClient, PrivacyBudgetError
+
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    client = DPWassersteinClient("client_mu", Measure.uniform(x), FedWaDConfig(support_size=5, iterations=2),
+                                 np.random.default_rng(1), DPConfig(epsilon=1.0, clip_radius=3.0))
+    with pytest.raises(PrivacyBudgetError, match="client_mu: a DP client does not send its exact moments"):
+        client.moments()
