@@ -2,8 +2,10 @@
 
 ``python -m stages.<name> [--verbose]`` (what ``dvc.yaml`` calls) → :func:`main`:
 
-1. ``params.yaml`` is validated and the stage's input files are checked (``Stage.preflight``) before any
-   server starts: bad params or a bad data file → one ``error:`` line per problem, exit 2, nothing written;
+1. ``params.yaml`` is validated and the preflight (:func:`stages.stage.preflight`) runs before any server
+   starts: the stage's inputs exist and are readable, its output folders can be replaced, their disk has room,
+   and its own ``Stage.preflight`` reads its data through the validating loaders; bad params, a bad data
+   file, a missing checkpoint, a read-only folder, a full disk → one ``error:`` line, exit 2, nothing written;
 2. the stage runs as a Prefect flow named after it, with the task runner of ``run.task_runner``; a progress
    line per finished task (done / total, elapsed, ETA) goes to stderr and, as an INFO log, to the flow run
    in the Prefect UI;
@@ -44,28 +46,41 @@ import pandas as pd
 import yaml
 
 from flows import project, runners, tracking
-from flows.caller import CallerGone, Lifeline
+from flows.caller import CallerGone, Lifeline, outlived_by_none
 from flows.redaction import RedactingFormatter, redact
 from otfed import io
 from otfed.cpu_kernels import hold_torch_kernels, kernels_in_use, portability_gaps
 from otfed.errors import ConfigError, OtfedError
-from stages.params import load_params, stage as stage_named, validate_params
-from stages.stage import Job, Stage, headline_metrics, unmatched_patterns
+from stages.params import load_params, stage as stage_named, stages as all_stages, validate_params
+from stages.stage import Job, Stage, headline_metrics, preflight, unmatched_patterns
 import tempfile
 from stages.stage import committed_table, wall_time_columns
 
 log = logging.getLogger("otfed.stage")
 
 
+# the temporary Prefect server's start-up ceiling when the user has set none: generous, so that a slow or loaded
+# machine (the server needs ~9–14 s on an idle one) never fails a run on a timer; the causes a timeout used to
+# mask (a full disk, a read-only output folder, a missing input) are found by the preflight before it starts
+PREFECT_STARTUP_TIMEOUT_S = 600
+
+
 def configure_prefect_environment(verbose: bool = False) -> None:
     """Prefect home in the user's project, no analytics, INFO logs to the Prefect UI, and a console that
     shows Prefect's own logs only with ``verbose`` (the runner prints progress and errors itself).
-    Call before importing prefect."""
+    Call before importing prefect.
+
+    The temporary Prefect server may take up to ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` to start:
+    :data:`PREFECT_STARTUP_TIMEOUT_S` (600 s) unless the user set it. No fixed start-up timeout decides a run:
+    the ceiling is far above the server's usual ~9–14 s, and what used to make it time out — a full disk, a
+    read-only output folder, a missing input or checkpoint — is reported by the preflight first
+    (:func:`stages.stage.preflight`), before any server starts. Every variable set here keeps a value the user
+    has set."""
     os.environ.setdefault("PREFECT_HOME", str(project.prefect_home()))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_TIMEOUT_S))
 
 
 # ---------------------------------------------------------------------------------------- progress
@@ -472,8 +487,7 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list
     try:
         the_stage = stage_named(stage) if isinstance(stage, str) else stage
         p = load_params(params_path, stage=the_stage)
-        if the_stage.preflight is not None:
-            the_stage.preflight(p)
+        preflight(the_stage, p, producers=output_owners)  # inputs, outputs writable, disk, the stage's data
         if p.run.task_runner == "dask" and p.run.dask_address:  # the cluster answers and has workers
             runners.check_dask_address(p.run.dask_address)
     except OtfedError as exc:
@@ -493,6 +507,11 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list
     return status
 
 
+def output_owners() -> dict[str, str]:
+    """Every stage's output folder → the stage's name (the hint of a missing input: which stage to run)."""
+    return {folder: s.name for s in all_stages().values() for folder in s.outputs}
+
+
 def argv_is_program(argv: list[str] | None) -> bool:
     """Whether :func:`main` runs as the process's program (``python -m stages.<name>``), not inside a caller."""
     return argv is None or argv == sys.argv[1:]
@@ -510,6 +529,17 @@ def exit_now(the_stage: Stage, status: int) -> None:
     os._exit(status)
 
 
+def temporary_servers() -> list[int]:
+    """The pids of the temporary Prefect servers this process started (Prefect keeps them in
+    ``SubprocessASGIServer._instances``, a private registry: none found if that ever changes)."""
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+    except ImportError:
+        return []
+    instances = getattr(SubprocessASGIServer, "_instances", {}) or {}
+    return [s.server_process.pid for s in instances.values() if getattr(s, "server_process", None) is not None]
+
+
 def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], lifeline: Lifeline | None = None) -> int:
     """The stage as a Prefect flow; the exit status, with one ``error:`` line (and the failed task) when it
     fails, the traceback in the log file."""
@@ -520,6 +550,7 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], life
 
     def stage_flow(params: dict[str, Any]) -> dict[str, Any]:
         accept_interrupts()  # the temporary server is up (and immune to the group's SIGINT)
+        outlived_by_none(temporary_servers())  # a SIGKILLed stage leaves no server behind
         return run_stage(the_stage, p, lifeline)  # ``params`` is what the Prefect UI shows; p is validated
 
     # tasks still running when a stage fails or is interrupted finish before the interpreter exits (threads

@@ -25,6 +25,18 @@ class DataFileError(OtfedError):
     """A dataset file is missing, unreadable or lacks a required key/column (message names file and key)."""
 
 
+class DataError(DataFileError):
+    """A data file opens but breaks its declared format: a value out of range (a label ≥ the number of
+    classes, a client index past the clients listed), arrays of different lengths, a wrong shape or dtype,
+    NaN / inf where the format allows none. The message names the file, the field and what is allowed, e.g.
+    ``data/partitions/pairs.npz: y of client 3 (client_03): label 99 outside 0..9``."""
+
+
+class WorkspaceError(OtfedError):
+    """A stage cannot write its outputs: an output folder (or the folder that holds it) is not writable, or
+    the disk has too little free space. The message names the folder and what is needed."""
+
+
 class DegenerateClientError(OtfedError):
     """A client's data cannot be used (empty, a class with too few samples, NaN/inf); names the client."""
 

@@ -186,6 +186,26 @@ def check(p: Params) -> None:
                          f"({getattr(spec, 'n_clients', 0)})")
 
 
+def federations(p: Params) -> list[str]:
+    """Every federation the stage reads, each once: contributions, outlier, detection, duplication."""
+    bv = p.barycenter_valuation
+    return list(dict.fromkeys([*bv.contributions.federations, bv.contributions.outlier.federation,
+                               bv.detection.federation, bv.duplication.federation]))
+
+
+def inputs(p: Params) -> list[Path]:
+    """The partition files of :func:`federations` (checked to exist before :func:`preflight`)."""
+    return [Path(layout.PARTITIONS) / f"{name}.npz" for name in federations(p)]
+
+
+def preflight(p: Params) -> None:
+    """Every federation read holds what the partition format declares (labels, client indices, lengths,
+    shapes, the manifest's sizes) and finite features (FedBary values every client: none can be left out) —
+    before any server starts (DataError / DegenerateClientError naming the file otherwise)."""
+    for name in federations(p):
+        load_federation(name, layout.PARTITIONS, require_finite=True)
+
+
 # -------------------------------------------------------------------------------------------- jobs
 def job_kinds(p: Params) -> list[str]:
     """The kind of every job of :func:`jobs`, in job order (the report regroups results with it)."""
@@ -648,6 +668,7 @@ def _duplication_report(p: Params, result: Duplication, out: Report) -> dict[str
 
 
 STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, report, check,
+              preflight=preflight, inputs=inputs,
               headline=("contributions.mean_spearman.fedbary_*",  # fig. 4: rank agreement with exact Shapley
                         "contributions.mean_spearman_planted.fedbary_*",  # fig. 4: … and with the planted noise
                         "contributions.mean_spearman_planted.exact_shapley",

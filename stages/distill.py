@@ -19,16 +19,20 @@ import torch
 from pydantic import Field, field_validator
 
 from otfed import io
-from otfed.data.text import load_text_federation
+from otfed.data.text import TextFederation, load_text_federation
+from otfed.data.text.store import FILES
 from otfed.device import stage_device
 from otfed.distill.ensemble import TeacherEnsemble
 from otfed.distill.evaluation import (ALL, EvaluationSet, claim_pairs, evaluate, evaluation_sets, paired_claims,
                                       seed_summary)
 from otfed.distill.student import distill_student, ensemble_weights
-from otfed.federation.knot import load_messages, server_ensemble
+from otfed.errors import DataError
+from otfed.federation.knot import BIAS, DATASET_SIZE, PREDICTIONS, load_messages, server_ensemble
+from otfed.federation.messages import CountMessage, HistogramMessage, Message, PredictionMessage
 from otfed.figures import distill as figs
 from otfed.label_space import LabelSpace
 from otfed.models import TextClassifier
+from otfed.models.text import META_FILE
 from otfed.schema import Strict
 from stages import layout
 from stages.stage import Job, Report, Stage
@@ -104,6 +108,79 @@ def variants(d: DistillParams) -> list[tuple[str, str, str, bool]]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ inputs
+def message_files(p: Params, task: str) -> list[Path]:
+    """The message files the server reads for ``task``: the teachers' (``data/text_messages/<task>.npz``) and,
+    when a student needs B_k, the biases (``data/text_bias/<task>.npz``)."""
+    return [Path(layout.TEXT_MESSAGES) / f"{task}.npz",
+            *([Path(layout.TEXT_BIAS) / f"{task}.npz"] if p.distill.needs_bias else [])]
+
+
+def global_dir(p: Params, task: str) -> Path:
+    """The server's own pretrained global model of ``task`` (``models/text/<task>/<global party>``)."""
+    return Path(layout.TEXT_MODELS) / task / p.partition.text.tasks[task].global_party
+
+
+def inputs(p: Params) -> list[Path]:
+    """Per task: the partition files, the message files and the global model's checkpoint folder."""
+    return [path for task in p.train_teachers.tasks
+            for path in (*(Path(layout.TEXT_PARTITIONS) / task / name for name in FILES), *message_files(p, task),
+                         global_dir(p, task))]
+
+
+def check_messages(path: Path, messages: Sequence[Message], senders: Sequence[str],
+                   expected: Mapping[str, tuple[type[Message], tuple[int, ...]]]) -> None:
+    """DataError naming the message file ``path``, the sender and the message unless every sender in
+    ``senders`` sent exactly one message of each kind in ``expected`` (kind → its type and payload shape:
+    predictions N transfer texts × C labels, a histogram of C labels, a count) and every count is ≥ 1. The
+    payloads' values (finite probabilities summing to 1) are checked by the messages themselves on load."""
+    for sender in senders:
+        for kind, (cls, shape) in expected.items():
+            mine = [m for m in messages if m.sender == sender and m.kind == kind]
+            if len(mine) != 1:
+                sent = sorted({m.kind for m in messages if m.sender == sender})
+                raise DataError(f"{path}: {len(mine)} {kind!r} messages from {sender!r} (it sent {sent or 'none'}); "
+                                f"the server needs one from each of {', '.join(senders)}")
+            m = mine[0]
+            if not isinstance(m, cls) or m.shape != shape:
+                raise DataError(f"{path}: {kind} of {sender!r}: {type(m).__name__} of shape {m.shape}; expected "
+                                f"{cls.__name__} of shape {shape}")
+            if isinstance(m, CountMessage) and m.value < 1:
+                raise DataError(f"{path}: {kind} of {sender!r}: {m.value}; a teacher's dataset holds ≥ 1 text")
+
+
+def server_inputs(p: Params, task: str) -> tuple[TextFederation, list[Message]]:
+    """The partition of ``task`` (checked against its format and ``partition.text``) and the messages the
+    server received (:func:`check_messages`): from every teacher of the ensemble — the locals, and the
+    global model under learning without forgetting — predictions of shape (transfer texts × labels), a
+    dataset size and, when a student needs B_k, a bias over the labels."""
+    fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task, spec=p.partition.text.tasks[task])
+    n, c = len(fed.transfer_texts), len(fed.label_names)
+    teachers = [q.name for q in (fed.parties if p.distill.learning_without_forgetting else fed.locals)]
+    files = message_files(p, task)
+    expected = [{PREDICTIONS: (PredictionMessage, (n, c)), DATASET_SIZE: (CountMessage, (1,))},
+                {BIAS: (HistogramMessage, (c,))}]
+    messages: list[Message] = []
+    for path, kinds in zip(files, expected):
+        received = load_messages(path)
+        check_messages(path, received, teachers, kinds)
+        messages += received
+    return fed, messages
+
+
+def preflight(p: Params) -> None:
+    """Every task's partition and message files read and agree (:func:`server_inputs`), and the global model's
+    checkpoint loads (:meth:`~otfed.models.TextClassifier.load`) with the task's labels — before any server
+    starts (DataFileError / DataError naming the file otherwise)."""
+    for task in p.train_teachers.tasks:
+        fed, _ = server_inputs(p, task)
+        directory = global_dir(p, task)
+        clf = TextClassifier.load(directory)
+        if tuple(clf.labels) != tuple(fed.label_names):
+            raise DataError(f"{directory / META_FILE}: labels {list(clf.labels)}; the task's partition declares "
+                            f"{list(fed.label_names)} — rerun `dvc repro train_teachers`")
+
+
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """Per task: the global model's reference scores, then one student per variant. The server's inputs
@@ -113,22 +190,19 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     device = stage_device(p.run.device)  # one torch thread per task on CPU
     out = []
     for task in p.train_teachers.tasks:
-        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
-        messages = load_messages(Path(layout.TEXT_MESSAGES) / f"{task}.npz")
-        if d.needs_bias:
-            messages += load_messages(Path(layout.TEXT_BIAS) / f"{task}.npz")
+        fed, messages = server_inputs(p, task)
         ensemble = server_ensemble(messages, [q.name for q in fed.locals],
                                    fed.global_party.name if d.learning_without_forgetting else None)
         semantic = LabelSpace.for_task(task)
-        global_dir = str(Path(layout.TEXT_MODELS) / task / fed.global_party.name)
+        model_dir = str(Path(layout.TEXT_MODELS) / task / fed.global_party.name)
         sets = evaluation_sets(fed)  # scoring only; the server never gets the clients' training splits
         out.append(Job(f"{task}/global", global_reference, dict(
-            task=task, global_model_dir=global_dir, sets=sets, batch_size=d.eval_batch_size, device=device)))
+            task=task, global_model_dir=model_dir, sets=sets, batch_size=d.eval_batch_size, device=device)))
         for seed in seeds(p):
             for name, loss, weighting, one_hot in variants(d):
                 out.append(Job(f"{task}/{name} seed {seed}", distill_variant, dict(
                     task=task, variant=name, loss=loss, weighting=weighting,
-                    label_space=LabelSpace.one_hot(semantic) if one_hot else semantic, global_model_dir=global_dir,
+                    label_space=LabelSpace.one_hot(semantic) if one_hot else semantic, global_model_dir=model_dir,
                     transfer_texts=fed.transfer_texts, ensemble=ensemble, sets=sets, settings=d.settings,
                     seed=seed, device=device)))
     return out
@@ -252,7 +326,7 @@ def distill_metrics(summary: pd.DataFrame, claims: pd.DataFrame, tasks: Sequence
 
 
 STAGE = Stage("distill", DistillParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",),
-              needs=("estimate_bias",),
+              needs=("estimate_bias",), preflight=preflight, inputs=inputs,
               headline=("*.Sinkhorn-E.score", "*.Sinkhorn-E.semantic_distance", "*.Entropy-E.score",
                         "*.Entropy-E.semantic_distance", "*.global (no distillation).score",
                         "*.claims_replicated"))  # tables 2-4 and the claims, on ALL

@@ -14,13 +14,16 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pandas as pd
 from pydantic import Field
 
-from otfed.data.text import load_text_federation
+from otfed.data.text import TextFederation, load_text_federation
+from otfed.data.text.store import FILES
 from otfed.device import stage_device
 from otfed.distill.bias import probability_bias, random_texts
+from otfed.errors import DataError
 from otfed.federation.knot import bias_message, save_messages
 from otfed.federation.messages import Message
 from otfed.figures import distill as figs
 from otfed.models import TextClassifier
+from otfed.models.text import META_FILE
 from otfed.models.tokenizer import vocabulary
 from otfed.schema import Strict
 from stages import layout
@@ -51,6 +54,41 @@ def check(p: Params) -> None:
         raise ValueError("train_teachers: required by estimate_bias and distill")
 
 
+def teacher_dirs(p: Params, task: str) -> list[Path]:
+    """The checkpoints of ``task``'s teachers (``models/text/<task>/<party>``): its locals, then its global
+    model, as ``partition.text`` declares them."""
+    spec = p.partition.text.tasks[task]
+    return [Path(layout.TEXT_MODELS) / task / party for party in (*spec.locals, spec.global_party)]
+
+
+def inputs(p: Params) -> list[Path]:
+    """The text partition files and every teacher's checkpoint folder, per task (checked to exist first)."""
+    return [path for task in p.train_teachers.tasks
+            for path in (*(Path(layout.TEXT_PARTITIONS) / task / name for name in FILES), *teacher_dirs(p, task))]
+
+
+def text_partition(p: Params, task: str) -> TextFederation:
+    """The partition of ``task``, checked against its format and the parties ``partition.text`` declares."""
+    return load_text_federation(Path(layout.TEXT_PARTITIONS) / task, spec=p.partition.text.tasks[task])
+
+
+def preflight(p: Params) -> None:
+    """Each task's partition reads (:func:`text_partition`) and every teacher's checkpoint loads (the validating
+    loader :meth:`~otfed.models.TextClassifier.load`: config, weights of the declared shapes, tokenizer) with
+    the task's labels — before any server starts (DataFileError / DataError naming the file otherwise)."""
+    for task in p.train_teachers.tasks:
+        fed = text_partition(p, task)
+        for directory in teacher_dirs(p, task):
+            check_labels(TextClassifier.load(directory), directory, fed.label_names)
+
+
+def check_labels(clf: TextClassifier, directory: Path, labels: tuple[str, ...]) -> None:
+    """DataError naming the checkpoint unless the classifier predicts exactly the task's ``labels``, in order."""
+    if tuple(clf.labels) != tuple(labels):
+        raise DataError(f"{directory / META_FILE}: labels {list(clf.labels)}; the task's partition declares "
+                        f"{list(labels)} — rerun `dvc repro train_teachers`")
+
+
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """One job per (task, teacher): the task's local teachers in order, then its global model; the i-th
@@ -59,7 +97,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     device = stage_device(p.run.device)  # one torch thread per task on CPU
     out = []
     for task in p.train_teachers.tasks:
-        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
+        fed = text_partition(p, task)
         for i, party in enumerate(fed.parties):
             out.append(Job(f"bias {task}/{party.name}", party_bias, dict(
                 task=task, party=party.name, model_dir=str(Path(layout.TEXT_MODELS) / task / party.name),
@@ -103,7 +141,7 @@ def report(p: Params, results: list[tuple[dict[str, Any], Message]], out: Report
 
 
 STAGE = Stage("estimate_bias", EstimateBiasParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",),
-              headline=("*.*",))  # every teacher's largest label share in B_k
+              preflight=preflight, inputs=inputs, headline=("*.*",))  # every teacher's largest label share in B_k
 
 if __name__ == "__main__":  # DVC: python -m stages.estimate_bias
     from flows.stage import main

@@ -71,6 +71,19 @@ def check(p: Params) -> None:
         server_split_federation(p, f"noisy_removal.federations[{i}]", name, nr.validation_samples)
 
 
+def inputs(p: Params) -> list[Path]:
+    """The partition files of the federations valued (checked to exist before :func:`preflight`)."""
+    return [Path(layout.PARTITIONS) / f"{name}.npz" for name in p.noisy_removal.federations]
+
+
+def preflight(p: Params) -> None:
+    """Every federation read holds what the partition format declares (labels, client indices, lengths,
+    shapes, the manifest's sizes) and finite features (every client values its data: none can be left
+    out) — before any server starts (DataError / DegenerateClientError naming the file otherwise)."""
+    for name in p.noisy_removal.federations:
+        load_federation(name, layout.PARTITIONS, require_finite=True)
+
+
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """One removal experiment per (noisy federation, seed) (features projected as the params say)."""
@@ -221,7 +234,7 @@ def report(p: Params, results: list[Removal], out: Report, dirs: Mapping[str, Pa
     return metrics
 
 
-STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check,
+STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check, preflight=preflight, inputs=inputs,
               headline=("*.accuracy_before", "*.accuracy_flagged", "*.accuracy_budget",  # table 4
                         "*.accuracy_oracle_removal", "*.gain_budget", "*.gain_budget_ci95", "*.auc",
                         "*.removed_budget", "*.removed_budget_noisy"))

@@ -16,7 +16,7 @@ import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
 from otfed import io
-from otfed.data.federations import FederationSpec, build_federation
+from otfed.data.federations import FederationSpec, build_federation, check_image_shapes
 from otfed.data.images import IMAGE_DATASETS, SPLITS, load_images
 from otfed.data.store import save_federation
 from otfed.data.text import TextTask, TextTaskSpec, build_text_federation, federation_summary, save_text_federation
@@ -93,13 +93,21 @@ def raw_files(part: PartitionParams) -> list[Path]:
     return [Path(part.data_dir) / name for name in dict.fromkeys(names)]
 
 
+def inputs(p: Params) -> list[Path]:
+    """The stage's input files: :func:`raw_files` (checked to exist and be readable before :func:`preflight`)."""
+    return raw_files(p.partition)
+
+
 def preflight(p: Params) -> None:
-    """Every raw file the configured federations and tasks read opens and has the expected keys / columns —
+    """Every raw file the configured federations and tasks read opens and has the expected keys / columns,
+    labels in range, as many labels as images (:func:`~otfed.data.images.load_images`), and the images each
+    federation draws from give one feature size (:func:`~otfed.data.federations.check_image_shapes`) —
     checked before any server starts (DataFileError naming the file otherwise)."""
     part = p.partition
-    for name in image_datasets(part):
-        for split in SPLITS:
-            load_images(name, split, part.data_dir)
+    shapes = {(name, split): load_images(name, split, part.data_dir).images.shape[1:]
+              for name in image_datasets(part) for split in SPLITS}
+    for name, spec in part.federations.items():
+        check_image_shapes(name, spec, shapes, part.data_dir)
     for path in raw_files(part):
         if path.name.endswith(".csv.gz"):
             read_columns(path, [])  # the header parses and the whole gzip stream decompresses
@@ -164,7 +172,7 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
 
 
 STAGE = Stage("partition", PartitionParams, OUTPUTS, jobs, report, required=True, preflight=preflight,
-              headline=("federations", "clients", "rows", "corrupted", "text_tasks", "text_rows"))
+              inputs=inputs, headline=("federations", "clients", "rows", "corrupted", "text_tasks", "text_rows"))
 
 if __name__ == "__main__":  # DVC: python -m stages.partition
     from flows.stage import main

@@ -25,7 +25,9 @@ jobs out with the configured task runner, opens the MLflow run and hands :func:`
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import pandas as pd
 
+from otfed.errors import DataFileError, WorkspaceError
 from otfed.schema import Strict
 
 
@@ -100,6 +103,7 @@ ReportFn = Callable[[Any, list[Any], Report, Mapping[str, Path]], dict[str, Any]
 # validated Params → None, or ValueError naming the key (cross-group references, checked before any work)
 CheckFn = Callable[[Any], None]
 FollowupsFn = Callable[[Any, list[Any]], list[Job]]  # (params, the first jobs' results) -> more jobs
+InputsFn = Callable[[Any], Iterable[str | Path]]  # validated Params → the files / folders the stage reads
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,9 @@ class Stage:
     ``preflight(p)`` checks the stage's input files cheaply (exist, readable, the right shape) before the
     runner starts any server, raising :class:`~otfed.errors.OtfedError` naming the file. ``followups(p,
     results)``: jobs built from the results of :attr:`jobs` (fanned out after them; :attr:`report` gets
-    the results of both lists, in job order, the first list first).
+    the results of both lists, in job order, the first list first). ``inputs(p)`` are the files and folders
+    it reads (raw files, the outputs of earlier stages, checkpoints): :func:`check_workspace` checks they
+    exist and are readable, and that its output folders can be written, before :attr:`preflight` runs.
     """
 
     name: str
@@ -133,6 +139,7 @@ class Stage:
     headline: tuple[str, ...] = ()
     preflight: CheckFn | None = None
     followups: FollowupsFn | None = None
+    inputs: InputsFn | None = None
 
 
 # ------------------------------------------------------------------------------------ headline metrics
@@ -232,3 +239,124 @@ def headline_metrics(metrics: Mapping[str, Any], patterns: Iterable[str] = ()) -
 def unmatched_patterns(metrics: Mapping[str, Any], patterns: Iterable[str]) -> list[str]:
     """The ``patterns`` that select no (non-wall-time) metric of ``metrics`` — a renamed metric key, a typo."""
     return [p for p in patterns if not headline_metrics(metrics, (p,))]
+
+
+# ------------------------------------------------------------------------------------------ preflight
+# free disk space a stage needs besides the size of its current outputs (its new outputs are built beside them
+# before the old ones go): room for the MLflow store and artifacts, Prefect's home and logs, temporary files.
+# OTFED_MIN_FREE_MB overrides it (e.g. 0 on a disk known to be large enough).
+MIN_FREE_BYTES = 256 * 2**20
+Producers = Callable[[], Mapping[str, str]]  # () → {output folder: the stage that writes it}
+
+
+def min_free_bytes() -> int:
+    """:data:`MIN_FREE_BYTES`, or ``OTFED_MIN_FREE_MB`` (MiB) when set."""
+    value = os.environ.get("OTFED_MIN_FREE_MB", "").strip()
+    try:
+        return int(float(value) * 2**20) if value else MIN_FREE_BYTES
+    except ValueError:
+        raise WorkspaceError(f"OTFED_MIN_FREE_MB: {value!r} is not a number of MiB") from None
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes, for this user, on the disk that holds ``path`` (an existing folder)."""
+    return shutil.disk_usage(path).free
+
+
+def writable(path: Path) -> bool:
+    """Whether this process may create and remove entries in the existing folder ``path`` (False on a
+    read-only file system; root may write anywhere else)."""
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def existing_ancestor(path: Path) -> Path:
+    """``path`` itself if it exists, else its nearest existing ancestor (the cwd for a relative path)."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(".")
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 if it does not exist)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def check_inputs(stage: Stage, paths: Iterable[str | Path], producers: Producers | None = None) -> None:
+    """DataFileError naming the first of ``paths`` that is missing or unreadable (a folder must be listable);
+    ``producers()`` maps output folders to the stage writing them, for the hint ``run `dvc repro <stage>```
+    (called only when an input is missing)."""
+    for path in map(Path, paths):
+        if not path.exists():
+            owner = next((name for folder, name in (producers() if producers else {}).items()
+                          if path == Path(folder) or Path(folder) in path.parents), None)
+            hint = (f"written by stage {owner}: run `dvc repro {owner}`" if owner and owner != stage.name
+                    else "check the paths in params.yaml")
+            raise DataFileError(f"{path}: not found — an input of stage {stage.name} ({hint})")
+        if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+            raise DataFileError(f"{path}: not readable — an input of stage {stage.name} (check its permissions)")
+
+
+def check_outputs(stage: Stage) -> None:
+    """WorkspaceError naming the folder unless every output folder of ``stage`` can be replaced: the folder
+    that holds it (or will: its nearest existing ancestor) is writable — the new outputs are built in a
+    staging folder beside it and swapped in — and, where it exists, it is a folder whose own folders are
+    writable (the old outputs are removed once the new ones are in)."""
+    for out in map(Path, stage.outputs):
+        parent = existing_ancestor(out.parent)
+        if not parent.is_dir() or not writable(parent):
+            raise WorkspaceError(f"{parent}: not writable — stage {stage.name} writes {out} there (built in a "
+                                 f"staging folder beside it, then swapped in); make {parent} writable")
+        if out.exists() and not out.is_dir():
+            raise WorkspaceError(f"{out}: not a folder — stage {stage.name} writes its outputs there; move the "
+                                 f"file away")
+        if out.is_dir():
+            for folder in (out, *(d for d in out.rglob("*") if d.is_dir() and not d.is_symlink())):
+                if not writable(folder):
+                    raise WorkspaceError(f"{folder}: not writable — stage {stage.name} replaces {out} (its "
+                                         f"previous outputs) when it succeeds; make {folder} writable")
+
+
+def check_free_space(stage: Stage, minimum: int | None = None) -> None:
+    """WorkspaceError naming the folder unless the disk of each output folder has ``minimum`` bytes
+    (:func:`min_free_bytes`) free plus the size of the stage's current outputs on that disk (the new
+    outputs are built beside them before the old ones are removed)."""
+    minimum = min_free_bytes() if minimum is None else minimum
+    disks: dict[int, tuple[Path, list[Path]]] = {}
+    for out in map(Path, stage.outputs):
+        anchor = existing_ancestor(out)
+        disks.setdefault(anchor.stat().st_dev, (anchor, []))[1].append(out)
+    for anchor, outs in disks.values():
+        current = sum(folder_bytes(out) for out in outs)
+        need, free = minimum + current, free_bytes(anchor)
+        if free < need:
+            raise WorkspaceError(
+                f"{outs[0]}: {_mib(free)} free on the disk that holds it; stage {stage.name} needs at least "
+                f"{_mib(need)} ({_mib(minimum)} to work in + {_mib(current)}, the size of its current outputs "
+                f"{', '.join(map(str, outs))}, rebuilt beside them) — free some space (or set OTFED_MIN_FREE_MB)")
+
+
+def check_workspace(stage: Stage, p: Any, producers: Producers | None = None) -> None:
+    """The generic preflight every stage gets, before its own :attr:`Stage.preflight` and before any server
+    starts (it writes nothing): its :attr:`Stage.inputs` exist and are readable (:func:`check_inputs`), its
+    output folders can be replaced (:func:`check_outputs`), their disk has room (:func:`check_free_space`).
+    Raises an :class:`~otfed.errors.OtfedError` naming the file or folder."""
+    check_inputs(stage, stage.inputs(p) if stage.inputs is not None else (), producers)
+    check_outputs(stage)
+    check_free_space(stage)
+
+
+def preflight(stage: Stage, p: Any, producers: Producers | None = None) -> None:
+    """:func:`check_workspace`, then the stage's own :attr:`Stage.preflight` (its data, read through the
+    validating loaders)."""
+    check_workspace(stage, p, producers)
+    if stage.preflight is not None:
+        stage.preflight(p)

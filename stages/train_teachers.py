@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from otfed.data.text import TextParty, TextTask, load_text_federation
+from otfed.data.text import TextFederation, TextParty, TextTask, load_text_federation
+from otfed.data.text.store import FILES
 from otfed.device import stage_device
 from otfed.federation.knot import client_messages, save_messages
 from otfed.federation.ledger import Channel
@@ -70,6 +71,24 @@ def check(p: Params) -> None:
                 raise ValueError(f"train_teachers.{group}: unknown party {key!r}; allowed: {', '.join(allowed)}")
 
 
+def inputs(p: Params) -> list[Path]:
+    """The text partition files of every task trained (checked to exist before :func:`preflight`)."""
+    return [Path(layout.TEXT_PARTITIONS) / task / name for task in p.train_teachers.tasks for name in FILES]
+
+
+def text_partition(p: Params, task: str) -> TextFederation:
+    """The partition of ``task`` (``data/text_partitions/<task>``), checked against the format and against the
+    parties ``partition.text`` declares (DataError naming the file and the column / key otherwise)."""
+    return load_text_federation(Path(layout.TEXT_PARTITIONS) / task, spec=p.partition.text.tasks[task])
+
+
+def preflight(p: Params) -> None:
+    """Every task's partition reads and holds what its format and ``partition.text`` declare — labels of the
+    task's label set, known parties and splits, the declared row counts — before any server starts."""
+    for task in p.train_teachers.tasks:
+        text_partition(p, task)
+
+
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """One job per (task, party): the task's local clients in order, then its global party."""
@@ -78,7 +97,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     models = dirs[layout.TEXT_MODELS]
     out = []
     for task in tt.tasks:
-        fed = load_text_federation(Path(layout.TEXT_PARTITIONS) / task)
+        fed = text_partition(p, task)
         for party in fed.parties:
             key = f"{task}.{party.name}"
             out.append(Job(f"{task}/{party.name}", train_party, dict(
@@ -157,8 +176,8 @@ def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]], 
     return metrics
 
 
-STAGE = Stage("train_teachers", TrainTeachersParams, OUTPUTS, jobs, report, check,
-              headline=("*.*",))  # table 1: every teacher's test score (macro-F1; NLI accuracy)
+STAGE = Stage("train_teachers", TrainTeachersParams, OUTPUTS, jobs, report, check, preflight=preflight,
+              inputs=inputs, headline=("*.*",))  # table 1: every teacher's test score (macro-F1; NLI accuracy)
 
 if __name__ == "__main__":  # DVC: python -m stages.train_teachers
     from flows.stage import main

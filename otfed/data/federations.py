@@ -7,14 +7,14 @@ weights anywhere. The same spec and seed give byte-identical federations.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Mapping, Union
 
 import numpy as np
 from pydantic import Field
 
 from otfed.data.corruption import fedbary_case
 from otfed.data.features import check_finite, fit_pca, pixel_features, reduce_features
-from otfed.data.images import load_images
+from otfed.data.images import IMAGE_DATASETS, load_images
 from otfed.data.partition import (partition_class_pairs, partition_dirichlet, partition_iid,
                                   split_train_val)
 from otfed.data.store import FederationData
@@ -82,11 +82,41 @@ FederationSpec = Annotated[
 ]
 
 
-def _features(dataset: str, split: str, image_size: int | None, root: Path) -> tuple[np.ndarray, np.ndarray]:
+def _features(dataset: str, split: str, image_size: int | None, root: Path,
+              ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """Pixel features, labels and the shape of one image (H, W[, C]) as stored in the file."""
     images = load_images(dataset, split, root=root)
     x = pixel_features(images.images, size=image_size)
     check_finite(x, f"{dataset} {split} features")
-    return x, np.asarray(images.labels, dtype=np.int64)
+    return x, np.asarray(images.labels, dtype=np.int64), tuple(images.images.shape[1:])
+
+
+def image_splits(spec: FederationSpec) -> list[tuple[str, str]]:
+    """The (dataset, split) image files a federation draws from: each dataset's train split (one client per
+    dataset), else the dataset's train and test splits (clients and the server's test split)."""
+    if spec.scheme == "by_dataset":
+        return [(d, "train") for d in spec.datasets]
+    return [(spec.dataset, "train"), (spec.dataset, "test")]
+
+
+def check_image_shapes(name: str, spec: FederationSpec, shapes: Mapping[tuple[str, str], tuple[int, ...]],
+                       root: str | Path) -> None:
+    """DataFileError naming the files and their image sizes unless every image split of :func:`image_splits`
+    (``shapes``: (dataset, split) → one image's shape (H, W[, C])) gives the same number of pixel features
+    once resized to ``spec.image_size`` — the clients (and the server's test split) share one feature space."""
+    dims = {}
+    for d, split in image_splits(spec):
+        shape = tuple(shapes[(d, split)])
+        h, w = (spec.image_size, spec.image_size) if spec.image_size else shape[:2]
+        dims[(d, split)] = (shape, h * w * (shape[2] if len(shape) == 3 else 1))
+    if len({dim for _, dim in dims.values()}) <= 1:
+        return
+    listed = "; ".join(f"{Path(root) / IMAGE_DATASETS[d]} x_{split}: {'×'.join(map(str, shape))} images → {dim} "
+                       "features" for (d, split), (shape, dim) in dims.items())
+    channels = {shape[2] if len(shape) == 3 else 1 for shape, _ in dims.values()}
+    fix = (f"set partition.federations.{name}.image_size (e.g. 28) so that all are resized alike"
+           if len(channels) == 1 else "the images differ in colour channels: federate images of one kind")
+    raise DataFileError(f"partition.federations.{name}: images of different sizes — {listed}; {fix}")
 
 
 def _subsample(n_pool: int, n: int | None, rng: np.random.Generator) -> np.ndarray:
@@ -104,16 +134,13 @@ def build_federation(name: str, spec: FederationSpec, data_dir: str | Path, seed
     corrupted_rows: set[int] = set()
     if scheme == "by_dataset":
         xs, ys, parts, names, srcs = [], [], [], [], []
-        dims = {}
+        shapes = {}
         for d in spec.datasets:
-            x, y = _features(d, "train", spec.image_size, root)
-            dims[d] = x.shape[1]
+            x, y, shapes[(d, "train")] = _features(d, "train", spec.image_size, root)
             idx = _subsample(len(y), spec.samples_per_client, rng)
             parts.append(np.arange(len(idx)) + sum(len(v) for v in ys))
             xs.append(x[idx]); ys.append(y[idx]); names.append(d); srcs.append(idx)
-        if len(set(dims.values())) > 1:
-            raise DataFileError(f"partition.federations.{name}: datasets have different feature sizes {dims}; "
-                                f"set image_size (e.g. 28) so that all images are resized alike")
+        check_image_shapes(name, spec, shapes, root)
         pool_x, pool_y = np.concatenate(xs), np.concatenate(ys)
         pool_y_clean = pool_y
         source = np.concatenate(srcs)
@@ -121,8 +148,10 @@ def build_federation(name: str, spec: FederationSpec, data_dir: str | Path, seed
         test_x = np.zeros((0, pool_x.shape[1])); test_y = np.zeros(0, dtype=np.int64)
         pca_ref = None
     else:
-        pool_x, pool_y = _features(spec.dataset, "train", spec.image_size, root)
-        test_x, test_y = _features(spec.dataset, "test", spec.image_size, root)
+        pool_x, pool_y, train_shape = _features(spec.dataset, "train", spec.image_size, root)
+        test_x, test_y, test_shape = _features(spec.dataset, "test", spec.image_size, root)
+        check_image_shapes(name, spec, {(spec.dataset, "train"): train_shape, (spec.dataset, "test"): test_shape},
+                           root)
         keep = _subsample(len(pool_y), getattr(spec, "samples", None), rng)
         source = keep
         pool_x, pool_y = pool_x[keep], pool_y[keep]

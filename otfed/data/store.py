@@ -20,21 +20,41 @@ client_group   (C,) i64     planted group of each client (class pair, case, data
 
 ``<out_dir>/manifest.json`` describes every federation (scheme, params, per-client counts, class
 histograms, corrupted counts).
+
+:func:`load_federation` checks a file against this table before any stage uses it
+(:func:`check_federation`): the keys, their dtypes and dimensions, one entry per row in every per-row key,
+client indices in ``0..C−1``, splits in {0, 1}, labels in ``0..n_classes−1``, one feature space for the
+clients and the server's test split, and the sizes ``manifest.json`` declares for the federation. NaN / inf
+features are left to the reader (``require_finite``): federated OTDD reports such a client as degenerate.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
 from otfed import io
 from otfed.data.features import check_finite
-from otfed.errors import DataFileError
+from otfed.data.images import N_CLASSES
+from otfed.errors import DataError, DataFileError
 
 TRAIN, VAL = 0, 1
 REQUIRED = ("x", "y", "y_clean", "client", "split", "corrupted", "source_index", "x_test", "y_test",
             "client_names", "client_group")
+PER_ROW = ("x", "y", "y_clean", "client", "split", "corrupted", "source_index")  # one entry per row
+LABELS = ("y", "y_clean")
+# key → (dimensions, numpy dtype kinds allowed, what the format declares)
+LAYOUT: dict[str, tuple[int, str, str]] = {
+    "x": (2, "f", "float32 features (N, D)"), "y": (1, "iu", "int64 labels (N,)"),
+    "y_clean": (1, "iu", "int64 labels (N,)"), "client": (1, "iu", "int64 client indices (N,)"),
+    "split": (1, "iu", "int8 splits (N,)"), "corrupted": (1, "b", "bool flags (N,)"),
+    "source_index": (1, "iu", "int64 row indices (N,)"), "x_test": (2, "f", "float32 features (M, D)"),
+    "y_test": (1, "iu", "int64 labels (M,)"), "client_names": (1, "U", "client names (C,) str"),
+    "client_group": (1, "iu", "int64 groups (C,)"),
+}
 
 
 @dataclass(frozen=True)
@@ -76,8 +96,10 @@ def save_federation(data: FederationData, out_dir: str | Path) -> Path:
 
 
 def load_federation(name: str, out_dir: str | Path = "data/partitions",
-                    require_finite: bool = False) -> FederationData:
-    """Read a federation written by stage ``partition``; errors name the file and the missing key.
+                    require_finite: bool = False, n_classes: int = N_CLASSES) -> FederationData:
+    """Read a federation written by stage ``partition``, checked against the format
+    (:func:`check_federation`: labels in ``0..n_classes−1``, client indices, lengths, dtypes, shapes, the
+    manifest's sizes); errors name the file and the key (:class:`~otfed.errors.DataError` for bad contents).
 
     ``require_finite``: NaN / inf features of any client or of the server's test split raise
     :class:`~otfed.errors.DegenerateClientError` naming the file and the client (:func:`finite_federation`)
@@ -97,9 +119,92 @@ def load_federation(name: str, out_dir: str | Path = "data/partitions",
         raise
     except Exception as exc:  # zipfile.BadZipFile, ValueError, OSError …
         raise DataFileError(f"{path}: cannot read federation file ({type(exc).__name__}: {exc})") from None
+    check_federation(arrays, path, n_classes, declared_sizes(name, Path(out_dir)))
     arrays["client_names"] = tuple(str(s) for s in arrays["client_names"])
     fed = FederationData(name=name, **arrays)
     return finite_federation(fed, path) if require_finite else fed
+
+
+def declared_sizes(name: str, out_dir: Path) -> dict[str, int]:
+    """What ``<out_dir>/manifest.json`` declares about federation ``name`` (``feature_dim``, ``n_clients``,
+    ``n_rows``, ``n_test``); empty when the manifest is absent, unreadable or does not list it (the
+    manifest describes the partition files: it is not needed to read one)."""
+    try:
+        entry = json.loads((out_dir / "manifest.json").read_text()).get(name)
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(entry, dict):
+        return {}
+    return {k: v for k in ("feature_dim", "n_clients", "n_rows", "n_test")
+            if isinstance(v := entry.get(k), int) and not isinstance(v, bool)}
+
+
+def _outside(values: np.ndarray, low: int, high: int) -> np.ndarray:
+    """Indices of ``values`` outside ``low..high``."""
+    return np.flatnonzero((values < low) | (values > high))
+
+
+def check_federation(arrays: Mapping[str, np.ndarray], path: str | Path, n_classes: int = N_CLASSES,
+                     declared: Mapping[str, int] | None = None) -> None:
+    """Raise :class:`~otfed.errors.DataError` naming ``path``, the key and what is allowed unless the
+    arrays of a federation file hold what the module's table declares: each key's dimensions and dtype
+    kind; every per-row key (x, y, y_clean, client, split, corrupted, source_index) one entry per row of
+    ``y``; ``client`` in ``0..C−1`` (C = len(client_names), names distinct), ``client_group`` one per client
+    (−1 = no group); ``split`` 0 or 1; ``y``, ``y_clean`` and ``y_test`` in ``0..n_classes−1``; ``x_test``
+    as many features as ``x`` and one label per row; ``source_index`` ≥ 0; and, where ``declared`` (the
+    federation's manifest entry) gives them, the number of features, clients, rows and test rows. NaN / inf
+    features are not checked here (see :func:`finite_federation`). Pure."""
+    for key, (ndim, kinds, what) in LAYOUT.items():
+        a = arrays[key]
+        if a.ndim != ndim or a.dtype.kind not in kinds:
+            raise DataError(f"{path}: {key}: dtype {a.dtype}, shape {a.shape}; the format declares {what}")
+    n = len(arrays["y"])
+    for key in PER_ROW:
+        if len(arrays[key]) != n:
+            raise DataError(f"{path}: {key}: {len(arrays[key])} entries but y has {n}; each of "
+                            f"{', '.join(PER_ROW)} holds one entry per row")
+    names = [str(s) for s in arrays["client_names"]]
+    c = len(names)
+    if len(set(names)) != c:
+        twice = sorted({s for s in names if names.count(s) > 1})
+        raise DataError(f"{path}: client_names: {', '.join(map(repr, twice))} listed twice; names must be distinct")
+    if len(arrays["client_group"]) != c:
+        raise DataError(f"{path}: client_group: {len(arrays['client_group'])} entries but client_names lists {c} "
+                        f"clients; one group per client")
+    if (bad := _outside(arrays["client_group"], -1, np.iinfo(np.int64).max)).size:
+        raise DataError(f"{path}: client_group of client {bad[0]}: group {arrays['client_group'][bad[0]]} "
+                        f"outside −1 (no group), 0, 1, …")
+    client = arrays["client"]
+    if (bad := _outside(client, 0, c - 1)).size:
+        raise DataError(f"{path}: client: row {bad[0]} has client index {client[bad[0]]} outside 0..{c - 1} "
+                        f"(client_names lists {c} clients)")
+    if (bad := _outside(arrays["split"], 0, 1)).size:
+        raise DataError(f"{path}: split: row {bad[0]} has split {arrays['split'][bad[0]]} outside 0 (train), "
+                        f"1 (validation)")
+    for key in LABELS:
+        if (bad := _outside(arrays[key], 0, n_classes - 1)).size:
+            k = int(client[bad[0]])
+            raise DataError(f"{path}: {key} of client {k} ({names[k]}): label {arrays[key][bad[0]]} outside "
+                            f"0..{n_classes - 1} (row {bad[0]})")
+    if (bad := _outside(arrays["y_test"], 0, n_classes - 1)).size:
+        raise DataError(f"{path}: y_test: label {arrays['y_test'][bad[0]]} outside 0..{n_classes - 1} "
+                        f"(test row {bad[0]})")
+    if (bad := np.flatnonzero(arrays["source_index"] < 0)).size:
+        raise DataError(f"{path}: source_index: row {bad[0]} has {arrays['source_index'][bad[0]]}; row indices "
+                        f"are ≥ 0")
+    d, x_test = arrays["x"].shape[1], arrays["x_test"]
+    if x_test.shape[1] != d:
+        raise DataError(f"{path}: x_test: {x_test.shape[1]} features per row but x has {d}; the clients and "
+                        f"the server's test split share one feature space (same image size, same PCA)")
+    if len(arrays["y_test"]) != len(x_test):
+        raise DataError(f"{path}: y_test: {len(arrays['y_test'])} labels but x_test has {len(x_test)} rows; "
+                        f"one label per test row")
+    found = {"feature_dim": d, "n_clients": c, "n_rows": n, "n_test": len(x_test)}
+    for key, value in (declared or {}).items():
+        if found[key] != value:
+            field = {"feature_dim": "x", "n_clients": "client_names", "n_rows": "y", "n_test": "y_test"}[key]
+            raise DataError(f"{path}: {field}: {key} is {found[key]} but manifest.json declares {value} for "
+                            f"this federation; rerun `dvc repro partition`")
 
 
 def finite_federation(fed: FederationData, source: str | Path) -> FederationData:

@@ -13,13 +13,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
 import psutil
 import pytest
 
-from tests.ceilings import completed, finished, wait_until
+from tests.ceilings import ceiling, completed, finished, wait_until
 from tests.integration.support import REPO, clean_env, git, stage_repository
 from tests.stages.conftest import tiny_params
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.integration
 # runs the stage takes ~10-30 s, a stopped stage and its temporary Prefect server exit within seconds
 DVC_S = 600
 STOP_S = 300
+MEETING = REPO / "tests" / "integration" / "meeting_stage.py"  # holds a stage still once its MLflow run is open
 
 
 def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -171,6 +173,40 @@ def test_a_stage_whose_dvc_is_killed_stops_and_swaps_nothing_in(project: Path) -
     assert _snapshot(project) == before, "outputs were swapped in after dvc had reported failure"
     assert not list(project.glob("**/.*.staging")), "a staging folder was left behind"
     assert _runs(project)[0].info.status == "KILLED"
+
+
+def test_a_stage_killed_by_sigkill_leaves_no_server_and_the_next_run_cleans_up(project: Path,
+                                                                               tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer) runs no handler: the temporary Prefect server must still not outlive the stage
+    (a watchdog ends it), and the next run marks the killed run KILLED in MLflow and removes a staging folder
+    left behind; the committed outputs stay byte-identical throughout. The stage is held still once its MLflow run
+    is open (tests/integration/meeting_stage.py waiting for a second run that never comes), so the kill always
+    lands mid-run."""
+    before = _snapshot(project)
+    shutil.copy2(MEETING, project / MEETING.name)
+    (tmp_path / "meeting").mkdir()
+    env = clean_env(MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2", MEETING_TIMEOUT_S=str(ceiling(STOP_S)))
+    proc = subprocess.Popen([sys.executable, MEETING.name, "partition"], cwd=project, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(lambda: any((tmp_path / "meeting").iterdir()) or proc.poll() is not None,
+                   "the stage's MLflow run to open", STOP_S)
+        assert proc.poll() is None, "the stage exited before it was killed"
+        proc.kill()
+        proc.wait()
+        wait_until(lambda: not _session_processes(proc.pid), "the temporary Prefect server to exit after its "
+                   "stage was SIGKILLed", STOP_S, poll=0.2, details=lambda: "\n".join(_session_processes(proc.pid)))
+    finally:
+        (project / MEETING.name).unlink()
+    assert _snapshot(project) == before
+    killed = _runs(project)[0]
+    assert killed.info.status == "RUNNING"  # nobody ended it: the next run must
+    (project / "reports" / ".partition.staging").mkdir()  # what a kill during the jobs leaves (not reached here)
+    again = _dvc(project, "repro", "--force")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {r.info.run_id: r.info.status for r in _runs(project)}[killed.info.run_id] == "KILLED"
+    assert not list(project.glob("**/.*.staging")), "a staging folder was left behind"
+    assert _snapshot(project) == before  # same params, same bytes
 
 
 def test_a_queued_experiment_logs_into_the_users_store(project: Path) -> None:

@@ -19,10 +19,11 @@ import pandas as pd
 from otfed import io
 from otfed.data.text.federation import TextFederation, TextParty, TextSplit
 from otfed.data.text.raw import read_columns
-from otfed.data.text.spec import SPLITS, TextTaskSpec
-from otfed.errors import ConfigError, DataFileError
+from otfed.data.text.spec import ROLES, SPLITS, TASKS, TextTaskSpec, label_names
+from otfed.errors import ConfigError, DataError, DataFileError
 
 FORMAT = "otfed.text_federation/1"
+FILES = ("manifest.json", "parties.csv.gz", "transfer.csv.gz")  # a task's folder
 
 
 def _gzip_csv_bytes(frame: pd.DataFrame) -> bytes:
@@ -67,8 +68,17 @@ def save_text_federation(fed: TextFederation, directory: str | Path) -> None:
         io.write_json(manifest, staging / "manifest.json")
 
 
-def load_text_federation(directory: str | Path) -> TextFederation:
-    """Read a federation written by :func:`save_text_federation`; errors name the file and the column/key."""
+def load_text_federation(directory: str | Path, task: str | None = None,
+                         spec: TextTaskSpec | None = None) -> TextFederation:
+    """Read a federation written by :func:`save_text_federation`, checked against the format; errors name
+    the file and the column / key (:class:`~otfed.errors.DataError` for bad contents).
+
+    Checked: the manifest's ``task`` (``task`` when given; one of the KNOT tasks) and its ``label_names``
+    (the task's label order, :func:`~otfed.data.text.spec.label_names`); column ``label`` holds indices
+    ``0..len(label_names)−1``; ``party`` only parties the manifest lists, each with the manifest's ``role``;
+    ``split`` only train / val / test; the rows of each party's split and of the transfer set number what
+    the manifest's ``counts`` and ``transfer.n`` declare; with ``spec`` (the params that partition the task),
+    the parties are the spec's locals, in order, and its global party."""
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
@@ -82,22 +92,33 @@ def load_text_federation(directory: str | Path) -> TextFederation:
         if key not in manifest:
             raise DataFileError(f"{manifest_path}: missing key {key!r}")
     label_names_ = tuple(manifest["label_names"])
-    table = read_columns(directory / "parties.csv.gz", ["party", "role", "split", "text", "label", "id"])
+    check_manifest(manifest, manifest_path, task if spec is None else spec.task)
+    if spec is not None:
+        found = [(e["name"], e["role"]) for e in manifest["parties"]]
+        declared = [*((name, "local") for name in spec.locals), (spec.global_party, "global")]
+        if found != declared:
+            raise DataError(f"{manifest_path}: key 'parties' lists {found} (name, role), but "
+                            f"partition.text.tasks.{spec.task} declares {declared}; rerun `dvc repro partition`")
+    parties_path = directory / "parties.csv.gz"
+    table = read_columns(parties_path, ["party", "role", "split", "text", "label", "id"])
     transfer = read_columns(directory / "transfer.csv.gz", ["text"])
     labels = pd.to_numeric(table["label"], errors="coerce")
     bad = labels.isna() | (labels % 1 != 0) | (labels < 0) | (labels >= len(label_names_))
     if bad.any():
-        raise DataFileError(f"{directory / 'parties.csv.gz'}: column 'label' must hold indices "
-                            f"0..{len(label_names_) - 1}; found "
-                            f"{', '.join(map(repr, table.loc[bad, 'label'].unique()[:5]))}")
+        first = table.loc[bad].iloc[0]
+        raise DataError(f"{parties_path}: column 'label' must hold indices 0..{len(label_names_) - 1} (the "
+                        f"{len(label_names_)} labels of task {manifest['task']!r}); found "
+                        f"{', '.join(map(repr, table.loc[bad, 'label'].unique()[:5]))} "
+                        f"(first: party {first['party']!r}, split {first['split']!r})")
     table = table.assign(label=labels.astype(np.int64))
+    check_rows(table, len(transfer), manifest, parties_path)
 
     parties = []
     for entry in manifest["parties"]:
         mine = table[table["party"] == entry["name"]]
         if mine.empty:
-            raise DataFileError(f"{directory / 'parties.csv.gz'}: column 'party' has no rows for party "
-                                f"{entry['name']!r} listed in {manifest_path.name}")
+            raise DataError(f"{directory / 'parties.csv.gz'}: column 'party' has no rows for party "
+                            f"{entry['name']!r} listed in {manifest_path.name}")
         splits = []
         for split in SPLITS:
             rows = mine[mine["split"] == split]
@@ -105,8 +126,8 @@ def load_text_federation(directory: str | Path) -> TextFederation:
             splits.append(TextSplit(tuple(rows["text"]), rows["label"].to_numpy(np.int64), ids))
         parties.append(TextParty(entry["name"], entry["role"], entry["source"], *splits))
     if sum(p.role == "global" for p in parties) != 1 or not any(p.role == "local" for p in parties):
-        raise DataFileError(f"{manifest_path}: key 'parties' must list one global party and at least one local; "
-                            f"roles: {[p.role for p in parties]}")
+        raise DataError(f"{manifest_path}: key 'parties' must list one global party and at least one local; "
+                        f"roles: {[p.role for p in parties]}")
     try:
         spec = None if manifest.get("spec") is None else TextTaskSpec(**manifest["spec"])
     except ConfigError as exc:
@@ -118,3 +139,57 @@ def load_text_federation(directory: str | Path) -> TextFederation:
         transfer_texts=tuple(transfer["text"]), transfer_source=manifest["transfer"]["source"],
         spec=spec, seed=manifest.get("seed"),
         dropped_texts=dict(manifest.get("dropped_texts", {})), raw_sha256=dict(manifest.get("raw_files", {})))
+
+
+def check_manifest(manifest: dict, path: Path, task: str | None = None) -> None:
+    """DataError naming ``path`` and the key unless the manifest's ``task`` is a KNOT task (``task`` when
+    given), its ``label_names`` are that task's label order, and each entry of ``parties`` has a distinct
+    ``name``, a ``role`` of local / global and a ``source`` and ``counts`` per split."""
+    found = manifest["task"]
+    if found not in TASKS or (task is not None and found != task):
+        allowed = repr(task) if task is not None else ", ".join(TASKS)
+        raise DataError(f"{path}: key 'task' is {found!r}; allowed: {allowed}")
+    if tuple(manifest["label_names"]) != label_names(found):
+        raise DataError(f"{path}: key 'label_names' is {manifest['label_names']!r}; task {found!r} has the "
+                        f"{len(label_names(found))} labels {list(label_names(found))!r}")
+    names: list[str] = []
+    for i, entry in enumerate(manifest["parties"]):
+        if not isinstance(entry, dict) or not {"name", "role", "source"} <= set(entry):
+            raise DataError(f"{path}: key 'parties[{i}]' must hold name, role and source; found {entry!r}")
+        if entry["role"] not in ROLES:
+            raise DataError(f"{path}: key 'parties[{i}].role' is {entry['role']!r}; allowed: {', '.join(ROLES)}")
+        names.append(entry["name"])
+    if len(set(names)) != len(names):
+        raise DataError(f"{path}: key 'parties' lists {sorted({n for n in names if names.count(n) > 1})} twice")
+
+
+def check_rows(table: pd.DataFrame, n_transfer: int, manifest: dict, path: Path) -> None:
+    """DataError naming ``path`` (``parties.csv.gz``) and the column unless every row's ``party`` is listed in
+    the manifest, with the manifest's ``role``, its ``split`` is train / val / test, and the rows of each
+    (party, split) and the ``n_transfer`` transfer texts number what the manifest declares (its ``counts``
+    and ``transfer.n``, where given)."""
+    roles = {entry["name"]: entry["role"] for entry in manifest["parties"]}
+    unknown = sorted(set(table["party"]) - set(roles))
+    if unknown:
+        raise DataError(f"{path}: column 'party' holds {', '.join(map(repr, unknown[:5]))}, not a party of "
+                        f"manifest.json; allowed: {', '.join(map(repr, roles))}")
+    bad_split = sorted(set(table["split"]) - set(SPLITS))
+    if bad_split:
+        raise DataError(f"{path}: column 'split' holds {', '.join(map(repr, bad_split[:5]))}; allowed: "
+                        f"{', '.join(SPLITS)}")
+    wrong = table[table["role"] != table["party"].map(roles)]
+    if len(wrong):
+        first = wrong.iloc[0]
+        raise DataError(f"{path}: column 'role' is {first['role']!r} for party {first['party']!r}; manifest.json "
+                        f"declares {roles[first['party']]!r}")
+    sizes = table.groupby(["party", "split"]).size()
+    for entry in manifest["parties"]:
+        for split, count in (entry.get("counts") or {}).items():
+            n = int(sizes.get((entry["name"], split), 0))
+            if isinstance(count, dict) and "n" in count and count["n"] != n:
+                raise DataError(f"{path}: {n} rows of party {entry['name']!r}, split {split!r}; manifest.json "
+                                f"declares {count['n']}")
+    declared = (manifest.get("transfer") or {}).get("n")
+    if declared is not None and declared != n_transfer:
+        raise DataError(f"{path.parent / 'transfer.csv.gz'}: {n_transfer} transfer texts; manifest.json declares "
+                        f"{declared}")
