@@ -183,6 +183,13 @@ def _models_in(annotation: Any) -> list[Any]:
     return out
 
 
+def _leading_key(message: str) -> str | None:
+    """The dotted key path a message starts with (``fed_distance.clustering.federations: unknown …``), if any:
+    the checks across groups (a federation name that must exist) raise from the top level, with no location."""
+    found = re.match(r"([A-Za-z_]\w*(?:\.\w+|\[\d+\])+): ", message)
+    return found.group(1) if found else None
+
+
 def _format_error(err: dict[str, Any], data: Any) -> tuple[str, str]:
     loc = [str(x) for x in err["loc"]]
     parts: list[str] = []
@@ -260,8 +267,9 @@ def validate_params(data: Any, source: str = "params.yaml", stage: Stage | str |
             if err["type"] == "extra_forbidden":
                 msg += f"; allowed keys here: {', '.join(_allowed_at(err['loc']))}"
             lines.append(f"{source}: {path}: {msg}" if path else f"{source}: {msg}")
-            if path:
-                keys.append(path)
+            named = path or _leading_key(msg)  # a cross-reference check names its key at the message's start
+            if named:
+                keys.append(named)
         # union branches can repeat the same complaint; keep order, drop duplicates
         raise ConfigError("\n".join(dict.fromkeys(lines)), keys=tuple(dict.fromkeys(keys))) from None
 

@@ -80,7 +80,7 @@ def test_committed_params_have_the_valuation_groups() -> None:
 @pytest.mark.parametrize("mutate, expected", [
     (lambda d: d["barycenter_valuation"]["fedbary"].update(colour=1),
      "barycenter_valuation.fedbary.colour: unknown key; allowed keys here: barycenter_step, diagonal, init_scale, "
-     "interpolation, iterations, max_support, min_geodesic_fraction, p, potential, record_history, solver, "
+     "interpolation, iterations, lower_bound, max_support, min_geodesic_fraction, p, potential, record_history, solver, "
      "support_size, t"),
     (lambda d: d["barycenter_valuation"].update(pca=3), "barycenter_valuation.pca: unknown key; allowed keys here: "
      "contributions, detection, duplication, fedbary, pca_components"),
@@ -162,3 +162,17 @@ def test_every_key_the_readme_overrides_exists_in_the_shipped_params() -> None:
         for part in key.split("."):
             assert isinstance(node, dict) and part in node, f"README overrides {key}; params.yaml has no {part!r}"
             node = node[part]
+
+
+def test_a_cross_reference_error_names_its_key_so_a_failed_exp_run_can_be_undone() -> None:
+    """``dvc exp run -S fed_distance.clustering.federations=[ghost]`` writes the value into params.yaml; the
+    stage puts the file back only at the keys the error names (flows.stage.undo_failed_override) — a check
+    across groups must name its key too (it named none, and the bad value stayed in params.yaml)."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "params.yaml").read_text())
+    data["fed_distance"]["clustering"]["federations"] = ["ghost"]
+    with pytest.raises(ConfigError) as err:
+        validate_params(data, stage="fed_distance")
+    assert str(err.value).startswith("params.yaml: fed_distance.clustering.federations: unknown federation 'ghost'")
+    assert err.value.keys == ("fed_distance.clustering.federations",)
