@@ -8,7 +8,8 @@ outputs answer it, the view of those outputs (``flows.results.VIEWS``) and the s
 Item keys: ``ref`` (the paper's table / figure number), ``title``, ``stage`` (DVC stage; ``run`` overrides the
 "not run yet" command for outputs no stage writes, e.g. benchmarks), ``folder`` (under ``reports/``),
 ``quotes`` (verbatim sentences), ``paper_table`` (the paper's numbers: column names + rows), ``views`` (names of
-``flows.results.VIEWS``), ``figures`` (files in the folder), ``note`` (how otfed's setting differs).
+``flows.results.VIEWS``), ``figures`` (files in the folder), ``note`` (how otfed's setting differs), ``headline``
+(false: the stage's headline metrics are listed under another paper's section).
 """
 from __future__ import annotations
 
@@ -116,6 +117,25 @@ FEDWAD = {
                     "32-component PCA fitted on the server's test split (the paper autoencodes MNIST); the exact "
                     "(non-federated) coreset of each client for reference.",
         },
+        {
+            "ref": "§3 (privacy)",
+            "title": "What an honest-but-curious server rebuilds from the messages; DP FedWaD",
+            "stage": "fed_distance", "folder": "fed_distance",
+            "quotes": [
+                "… are not unique, thus clients can compute these interpolating measures based on a random value "
+                "of t.",
+                "Besides, since communicating the distance may reveal information about the data, they can be "
+                "shared with the server only for the last iteration.",
+                "More effectively, one can incorporate an (adapted) differentially private version of the "
+                "Wasserstein distance (Lê Tien et al., 2019).",
+            ],
+            "views": ["privacy_attack", "privacy_dp"],
+            "figures": ["privacy.png"],
+            "note": "Not an experiment of the paper: the server inverts the interpolating measures it receives "
+                    "(otfed.privacy.attack) for clients of pairs_strong (16-component PCA of MNIST), and the DP "
+                    "FedWaD client (otfed.privacy.dp) is run against it; reports/fed_distance/privacy_attack.md and "
+                    "privacy_dp.md state what the numbers say about each quoted statement.",
+        },
     ],
 }
 
@@ -213,6 +233,20 @@ FEDBARY = {
             "views": ["fedbary_scaling"],
             "figures": ["fedbary_scaling_blas1.png"],
             "note": "A benchmark, not a DVC stage (wall times do not belong in DVC metrics): `make bench`.",
+        },
+        {
+            "ref": "§4.4",
+            "title": "Privacy Guarantee: can the server reconstruct raw training samples?",
+            "stage": "fed_distance", "folder": "fed_distance", "headline": False,
+            "quotes": [
+                "In our setting, privacy is guaranteed from two aspects: (1) Raw training samples cannot be "
+                "reconstructed. (2) Generating data with similar appearance is not feasible.",
+                "Secondly, hyperparameter t for approximating the interpolating measure, the OT plan between X̃_i "
+                "and γ_i, and OT plan between η_Q_i and η_P_i are only known to the client i himself.",
+            ],
+            "views": ["privacy_attack_fedbary"],
+            "note": "Measured by stage fed_distance (FedWaD §3 item: its figure and headline metrics) on the same "
+                    "clients; no DP FedBary client exists, so FedBary's detection AUC vs ε is not measured.",
         },
     ],
 }

@@ -213,6 +213,67 @@ def coresets(folder: Path) -> list[tuple[str, pd.DataFrame]]:
              "next to global FedAvg / FedPer / FedRep on the same splits; mean ± 95% CI over seeds", table)]
 
 
+def _privacy_attack_rows(folder: Path) -> pd.DataFrame:
+    """The attack rows under the papers' defences: approximate interpolation, distances only at the end (FedBary:
+    the d_i it sends every round), the largest K; ``setting`` names protocol, t and FedBary's Q."""
+    rows = _csv(folder, "privacy_attack.csv").astype({"support": str, "t": str})
+    k = rows.iterations.max()
+    rows = rows[(rows.interpolation == "approx") & (rows.iterations == k)
+                & ((rows.distances == "last") | (rows.protocol == "fedbary"))]
+    return rows.assign(setting=[f"{p}, t {t}" + (", Q = validation set" if v else "")
+                                for p, t, v in zip(rows.protocol, rows.t, rows.validation)])
+
+
+def _by_support(rows: pd.DataFrame) -> pd.DataFrame:
+    table = rows.pivot_table(index="setting", columns="support", values="recovered_fraction", sort=False)
+    base = rows.groupby("support", sort=False).non_member_fraction.mean().rename("non-members (baseline)")
+    table = pd.concat([table, base.to_frame().T])
+    table.columns = [f"S = {s}" for s in table.columns]
+    return table.rename_axis("setting").reset_index()
+
+
+@view
+def privacy_attack(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _privacy_attack_rows(folder)
+    k = int(rows.iterations.max())
+    return [(f"fraction of the target client's samples an honest-but-curious server recovers from the messages "
+             f"(within 0.5 × their median NN distance), approximate interpolation, distances only at the end, "
+             f"K = {k}; n = the target's sample count; mean over targets and seeds (reports/fed_distance/"
+             "privacy_attack.md: every cell, and what it says about each statement)", _by_support(rows))]
+
+
+@view
+def privacy_attack_fedbary(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _privacy_attack_rows(folder)
+    rows = rows[rows.protocol == "fedbary"]
+    return [("FedBary: fraction of the target client's raw samples the server recovers from γ, d and η messages "
+             "(Q the federated barycenter, or the server's validation set); mean over targets and seeds",
+             _by_support(rows))] if len(rows) else []
+
+
+@view
+def privacy_dp(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _csv(folder, "privacy_dp.csv").astype({"support": str, "t": str})
+    rows = rows.assign(setting=[f"S = {s}, t {t}" for s, t in zip(rows.support, rows.t)])
+    out = []
+    for value, what in (("recovered_fraction", "fraction of the target's samples the attack recovers"),
+                        ("rel_error", "relative error |estimate − W2| / W2 of DP FedWaD")):
+        table = rows.pivot_table(index="epsilon", columns="setting", values=value, sort=False).sort_index()
+        out.append((f"DP FedWaD, both clients (ε, δ = {rows.delta.iloc[0]:g})-DP: {what} vs ε per client "
+                    "(inf: no noise); mean over targets and seeds", table.reset_index()))
+    base = rows.groupby(["setting"], sort=False)[["non_member_fraction", "fedwad_rel_error"]].mean()
+    out.append(("per setting: the attack's non-member baseline and the non-DP FedWaD error",
+                base.rename(columns={"non_member_fraction": "non-members recovered",
+                                     "fedwad_rel_error": "non-DP FedWaD rel. error"}).reset_index()))
+    path = folder / "privacy_dp_clustering.csv"
+    if path.exists():
+        clustering = pd.read_csv(path)
+        table = clustering.pivot_table(index="epsilon", columns="method", values="ari", sort=False).sort_index()
+        out.append((f"spectral clustering of {int(clustering.clients.iloc[0])} clients on pairwise DP FedWaD: "
+                    "ARI vs the planted groups per ε", table.reset_index()))
+    return out
+
+
 @view
 def fedbary_scaling(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     rows = _csv(folder, "fedbary_scaling_blas1.csv")
@@ -391,7 +452,7 @@ def page_html(reports: Path, out: Path, papers: Iterable[dict[str, Any]] = PAPER
             anchor = f'{paper["key"]}-{i}'
             nav.append(f'<li><a href="#{anchor}">{html.escape(item["ref"])}</a></li>')
             body.append(item_html(item, reports, out_dir, anchor))
-            if item["stage"] in stages() and item["stage"] not in seen:
+            if item["stage"] in stages() and item["stage"] not in seen and item.get("headline", True):
                 seen.append(item["stage"])
         nav.append("</ul></li>")
         body.append("<h3>Headline metrics</h3>")

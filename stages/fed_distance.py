@@ -9,25 +9,31 @@
   with the server, a global 1-NN classifier over all clients' labelled coresets, each client scored on
   its held-out split — next to FedAvg / FedPer / FedRep on the same splits;
 * clustered FL (tables 1–5): FedAvg / FedPer / FedRep trained within the clusters found (and within one
-  global federation, and the planted groups), each client scored on its own held-out split, over seeds.
+  global federation, and the planted groups), each client scored on its own held-out split, over seeds;
+* privacy (FedWaD §3, FedBary §4.4): an honest-but-curious server reconstructs a client's samples from the
+  FedWaD / federated OTDD / FedBary messages it received, over the protocols' privacy knobs (random t,
+  distances only at the end, S, K), and the DP FedWaD client against the same attack (error vs ε, ARI vs ε).
 
 One flat job list: every toy case, every convergence run, every OTDD pair and every clustering pair (one
-FedWaD session each, with its own per-pair seed), every coreset run; then follow-up jobs (:func:`followups`),
-one per (federation, clustering, algorithm, seed) of clustered FL, built from the clusters the pairs give.
+FedWaD session each, with its own per-pair seed), every coreset run, every privacy cell; then follow-up jobs
+(:func:`followups`), one per (federation, clustering, algorithm, seed) of clustered FL, built from the clusters the
+pairs give.
 Degenerate clients (no samples, NaN features, a class with one sample) are left out of the distances and
 listed in ``degenerate_clients.csv``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal, Mapping, NamedTuple, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from otfed import io
 from otfed.clustering import spectral_clusters
 from otfed.data.features import fit_pca, reduce_features
 from otfed.data.gaussians import gaussian_pair
@@ -36,18 +42,21 @@ from otfed.device import stage_device, threads_for
 from otfed.errors import DegenerateClientError, SupportGrowthError
 from otfed.federation.coresets import (CoresetClassifier, CoresetConfig, client_coresets, client_seed,
                                        coreset_classifier, nearest_sample_labels, wasserstein_coreset)
+from otfed.federation.fedbary import FedBaryConfig
 from otfed.federation.fedwad import FedWaDConfig, FedWaDResult, federated_wasserstein
-from otfed.federation.otdd import (client_pairs, distance_matrix, federated_otdd, matrix_and_ledger,
+from otfed.federation.otdd import (client_pairs, distance_matrix, federated_otdd, matrix_and_ledger, pair_seed,
                                    pairwise_sessions, usable_clients)
 from otfed.figures import fed_distance as figs
 from otfed.fl import PersonalizedConfig, per_cluster_accuracy
 from otfed.metrics import adjusted_rand_index, mean_confidence_interval, order_preservation
 from otfed.ot import otdd_exact, wasserstein
 from otfed.ot.otdd import LabelledData
-from otfed.schema import PositiveInt, Strict
+from otfed.privacy.attack import Protocol, attack_protocol
+from otfed.privacy.dp import DPConfig, dp_federated_wasserstein, gaussian_epsilon
+from otfed.schema import InterpolationTime, PositiveInt, Strict
 from stages import layout
-from stages.params import named_federation
-from stages.stage import Job, Report, Stage, timed
+from stages.params import named_federation, server_split_federation
+from stages.stage import Job, Report, Stage, committed_table, timed
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -119,15 +128,82 @@ class CoresetParams(Strict):
     coreset: CoresetConfig = CoresetConfig(epochs=30, fedwad=FedWaDConfig(support_size=10, iterations=5))
 
 
+Support = Union[PositiveInt, Literal["n"]]  # a support size S, or "n": the target client's sample count
+
+
+class PrivacyDPParams(Strict):
+    """The DP FedWaD client (:mod:`otfed.privacy.dp`) against the same attack: per pair, support, t, ε and seed
+    one DP FedWaD session (both clients DP, total (ε, δ) per client), its error against the exact W2 (POT)
+    next to the non-DP FedWaD error, and the attack on the target's DP messages; with ``clustering_clients``,
+    pairwise DP FedWaD between the federation's first clients → spectral clustering (ARI vs ε).
+
+    Clip radius C (every sensitivity is ∝ C): the ``clip_quantile`` quantile of the norms of the server's own
+    public test rows in the PCA space — fixed by public data before any client message, not by results.
+    """
+
+    epsilons: list[Annotated[float, Field(gt=0.0)]] = Field([1.0, 10.0, 100.0, 1000.0, 1e4, 1e5, math.inf],
+                                                            min_length=1, description="Total ε per client; "
+                                                            "inf = no noise (FedWaD on clipped records).")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0)
+    clip_quantile: float = Field(1.0, gt=0.0, le=1.0)
+    supports: list[Support] = Field([10, "n"], min_length=1)
+    times: list[InterpolationTime] = Field(["random", 0.5], min_length=1)
+    iterations: int = Field(10, ge=1, le=1000)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    seeds: int = Field(3, ge=1, le=100)
+    clustering_clients: int = Field(10, ge=0, description="0: no clustering; else pairwise DP FedWaD (the "
+                                    "clustering group's fedwad config) between the first k usable clients.")
+
+
+class PrivacyParams(Strict):
+    """An honest-but-curious server's reconstruction attack (:mod:`otfed.privacy.attack`) on FedWaD, federated
+    OTDD and FedBary sessions between real clients (FedWaD §3's random t and "distances only at the last
+    iteration"; FedBary §4.4's "raw training samples cannot be reconstructed"), and the DP defence (``dp``).
+
+    Clients: ``pairs`` of (target, partner) client indices of ``federation``, features projected on a PCA
+    fitted on the server's test split (public); the attack is scored against the target's training rows,
+    with its held-out (validation) rows as non-members. The grid: ``protocols`` × ``interpolations`` ×
+    ``supports`` × ``times`` × ``iterations`` × ``per_round_distances`` (FedWaD / OTDD) or
+    ``fedbary_validation`` (FedBary: Q the server's first ``validation_samples`` test rows, or the federated
+    barycenter); FedBary approximate interpolation only, exact interpolation at the smallest K only (its
+    support grows every round; one round already gives every sample away, FedWaD eq. 5).
+    """
+
+    federation: str = "pairs_strong"
+    pca_components: int = Field(16, ge=1)
+    pairs: list[list[Annotated[int, Field(ge=0)]]] = Field([[0, 1]], min_length=1)
+    protocols: list[Protocol] = Field(["fedwad", "otdd", "fedbary"], min_length=1)
+    interpolations: list[Literal["approx", "exact"]] = Field(["approx", "exact"], min_length=1)
+    supports: list[Support] = Field([10, 50, "n"], min_length=1)
+    times: list[InterpolationTime] = Field(["random", 0.5], min_length=1)
+    iterations: list[PositiveInt] = Field([1, 10], min_length=1)
+    per_round_distances: list[bool] = Field([False, True], min_length=1)
+    fedbary_validation: list[bool] = Field([False, True], min_length=1)
+    validation_samples: int = Field(300, ge=2)
+    threshold: float = Field(0.5, gt=0.0, description="Recovered: within threshold × the target's median NN "
+                             "distance.")
+    seeds: int = Field(1, ge=1, le=100)
+    dp: PrivacyDPParams | None = PrivacyDPParams()
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs(cls, v: list[list[int]]) -> list[list[int]]:
+        for i, pair in enumerate(v):
+            if len(pair) != 2 or pair[0] == pair[1]:
+                raise ValueError(f"pairs[{i}]: must be [target, partner], two different client indices (got {pair})")
+        return v
+
+
 class FedDistanceParams(Strict):
     """Stage ``fed_distance``: toy study (fig. 2–3), federated OTDD (fig. 6), client clustering and FL
-    within the clusters (tables 1–5)."""
+    within the clusters (tables 1–5), coresets (fig. 5, 12), the server's attack and the DP defence."""
 
     toy: ToyParams
     otdd: OTDDParams = OTDDParams()
     clustering: ClusteringParams
     clustered_fl: ClusteredFLParams | None = ClusteredFLParams()
     coresets: CoresetParams | None = Field(None, description="Off unless set: its default federations may not exist.")
+    privacy: PrivacyParams | None = Field(None, description="Off unless set: its default federation may not exist.")
 
 
 def check(p: Params) -> None:
@@ -140,6 +216,8 @@ def check(p: Params) -> None:
     if p.fed_distance.coresets is not None:
         for i, name in enumerate(p.fed_distance.coresets.federations):
             named_federation(p, f"fed_distance.coresets.federations[{i}]", name)
+    if p.fed_distance.privacy is not None:
+        check_privacy(p)
     fl = p.fed_distance.clustered_fl
     if fl is not None:
         allowed = clustering_names(p.fed_distance.clustering)
@@ -147,6 +225,31 @@ def check(p: Params) -> None:
             if name not in allowed:
                 raise ValueError(f"fed_distance.clustered_fl.clusterings[{i}]: {name!r} is not one of "
                                  f"{', '.join(allowed)} (knn<k> for k in fed_distance.clustering.neighbors)")
+
+
+def check_privacy(p: Params) -> None:
+    """The privacy federation has a server test split (the PCA, the FedBary validation set) larger than
+    ``validation_samples``; pair indices and ``dp.clustering_clients`` lie within its clients; DP clustering
+    uses approximate interpolation (the DP client's only mode)."""
+    cfg, key = p.fed_distance.privacy, "fed_distance.privacy"
+    if not privacy_attack_cells(cfg):
+        raise ValueError(f"{key}.interpolations: no attack cell (FedBary is attacked with 'approx' only)")
+    spec = server_split_federation(p, f"{key}.federation", cfg.federation, cfg.validation_samples,
+                                   f"{key}.validation_samples")
+    n_clients = getattr(spec, "n_clients", None)
+    if n_clients is not None:
+        for i, pair in enumerate(cfg.pairs):
+            if max(pair) >= n_clients:
+                raise ValueError(f"{key}.pairs[{i}]: client index {max(pair)} out of range: {cfg.federation!r} has "
+                                 f"{n_clients} clients")
+        if cfg.dp is not None and cfg.dp.clustering_clients > n_clients:
+            raise ValueError(f"{key}.dp.clustering_clients: {cfg.dp.clustering_clients} > the {n_clients} clients "
+                             f"of {cfg.federation!r}")
+    if cfg.dp is not None and cfg.dp.clustering_clients and p.fed_distance.clustering.fedwad.interpolation != "approx":
+        raise ValueError(f"{key}.dp.clustering_clients: DP FedWaD needs fed_distance.clustering.fedwad.interpolation "
+                         "'approx' (or set clustering_clients: 0)")
+    if cfg.dp is not None and cfg.dp.clustering_clients == 1:
+        raise ValueError(f"{key}.dp.clustering_clients: 0 (off) or at least 2 clients")
 
 
 # -------------------------------------------------------------------------------------------- jobs
@@ -220,6 +323,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
                 for kw in pairwise_sessions(clients, cfg.fedwad, seed, cfg.diagonal)]
     out += [Job(f"coresets {kw['federation']} K={kw['config'].points} seed {kw['seed']}", coreset_classification, kw)
             for kw in coreset_runs(p)]
+    out += privacy_jobs(p)
     return out
 
 
@@ -280,6 +384,249 @@ def coreset_classification(federation: str, train: list[LabelledData], held_out:
                              correct=correct, total=len(test.y), accuracy=correct / len(test.y),
                              w2=wasserstein(points, c.x, p=2)))
     return rows
+
+
+# ------------------------------------------------------------------------------------- privacy jobs
+@dataclass(frozen=True)
+class PrivacyData:
+    """The privacy federation as its jobs see it (:func:`privacy_data`): per client index (the federation's
+    order) the training rows and the held-out rows on the server-fitted PCA, and the planted group; the
+    usable client indices in order; the server's validation set (its first test rows, public); the clip radius
+    C of the DP client, from the server's test rows (public)."""
+
+    clients: dict[int, LabelledData]
+    held_out: dict[int, np.ndarray]
+    groups: dict[int, int]
+    usable: list[int]
+    validation: LabelledData
+    clip_radius: float
+
+
+def privacy_data(p: Params) -> PrivacyData:
+    """Read ``fed_distance.privacy.federation`` from ``data/partitions``, fit a PCA of ``pca_components`` on the
+    server's test split (public data, as the coresets do) and project every usable client's rows on it; C = the
+    ``dp.clip_quantile`` quantile of the norms of the projected test rows (:class:`PrivacyDPParams`)."""
+    cfg, seed = p.fed_distance.privacy, p.run.seed
+    fed = load_federation(cfg.federation, layout.PARTITIONS)
+    x_test = fed.x_test.astype(np.float64)
+    pca = fit_pca(x_test, cfg.pca_components, seed)
+    test = reduce_features(x_test, pca)
+    r = roster_of(fed, diagonal=True, min_clients=1)
+    index = [fed.client_names.index(c.name) for c in r.clients]
+    quantile = cfg.dp.clip_quantile if cfg.dp is not None else 1.0
+    k = cfg.validation_samples
+    return PrivacyData(clients={i: LabelledData(c.name, reduce_features(c.x, pca), c.y)
+                                for i, c in zip(index, r.clients)},
+                       held_out={i: reduce_features(x, pca) for i, (x, _) in zip(index, r.held_out)},
+                       groups={i: int(g) for i, g in zip(index, r.groups)}, usable=index,
+                       validation=LabelledData("server_validation", test[:k], fed.y_test[:k]),
+                       clip_radius=float(np.quantile(np.linalg.norm(test, axis=1), quantile)))
+
+
+def privacy_attack_cells(cfg: PrivacyParams) -> list[dict[str, Any]]:
+    """Every setting of the attack grid, in grid order (:class:`PrivacyParams`): FedWaD and OTDD over
+    interpolation × S × t × K × per-round distances (exact interpolation at the smallest K only); FedBary
+    (approximate only, its clients report d_i every round by protocol) over S × t × K × validation set."""
+    cells = []
+    ks = list(dict.fromkeys(cfg.iterations))
+    for protocol in dict.fromkeys(cfg.protocols):
+        for interpolation in dict.fromkeys(cfg.interpolations):
+            if protocol == "fedbary" and interpolation != "approx":
+                continue
+            for support in dict.fromkeys(cfg.supports):
+                for t in dict.fromkeys(cfg.times):
+                    for k in ks if interpolation == "approx" else [min(ks)]:
+                        if protocol == "fedbary":
+                            cells += [dict(protocol=protocol, interpolation=interpolation, support=support, t=t,
+                                           iterations=k, per_round_distances=True, validation=v)
+                                      for v in dict.fromkeys(cfg.fedbary_validation)]
+                        else:
+                            cells += [dict(protocol=protocol, interpolation=interpolation, support=support, t=t,
+                                           iterations=k, per_round_distances=d, validation=False)
+                                      for d in dict.fromkeys(cfg.per_round_distances)]
+    return cells
+
+
+def privacy_dp_cells(dp: PrivacyDPParams) -> list[dict[str, Any]]:
+    """Every (S, t, ε) of the DP grid, in grid order."""
+    return [dict(support=s, t=t, epsilon=e) for s in dict.fromkeys(dp.supports) for t in dict.fromkeys(dp.times)
+            for e in dict.fromkeys(dp.epsilons)]
+
+
+def privacy_counts(p: Params) -> tuple[int, int, int]:
+    """How many attack, DP and DP-clustering jobs :func:`privacy_jobs` makes (from the params alone)."""
+    cfg = p.fed_distance.privacy
+    if cfg is None:
+        return 0, 0, 0
+    runs = len(cfg.pairs) * cfg.seeds
+    if cfg.dp is None:
+        return runs * len(privacy_attack_cells(cfg)), 0, 0
+    clustering = len(dict.fromkeys(cfg.dp.epsilons)) if cfg.dp.clustering_clients else 0
+    return runs * len(privacy_attack_cells(cfg)), len(cfg.pairs) * cfg.dp.seeds * len(privacy_dp_cells(cfg.dp)), \
+        clustering
+
+
+def privacy_seed(seed: int, target: int, partner: int, repeat: int) -> int:
+    """The protocol seed of a (target, partner, repeat), shared by every grid cell (the cells differ in their
+    setting only) — independent of the order jobs run in (as :func:`~otfed.federation.otdd.pair_seed`)."""
+    return int(np.random.SeedSequence([seed, target, partner, repeat, 24]).generate_state(1)[0])
+
+
+def _privacy_pair(data: PrivacyData, i: int, pair: list[int]) -> tuple[LabelledData, LabelledData, np.ndarray]:
+    for k in pair:
+        if k not in data.clients:
+            raise DegenerateClientError(f"fed_distance.privacy.pairs[{i}]: client {k} is not usable "
+                                        "(degenerate_clients.csv says why)")
+    target, partner = data.clients[pair[0]], data.clients[pair[1]]
+    if data.held_out[pair[0]].shape[0] == 0:
+        raise DegenerateClientError(f"fed_distance.privacy.pairs[{i}]: client {target.name!r} has no held-out rows "
+                                    "(the non-members of the membership test): partition it with val_fraction > 0")
+    return target, partner, data.held_out[pair[0]]
+
+
+def privacy_jobs(p: Params) -> list[Job]:
+    """Per (pair, seed) one :func:`privacy_attack` per attack cell, then per (pair, seed) one :func:`privacy_dp`
+    per DP cell, then one :func:`privacy_dp_clustering` per ε (:func:`privacy_counts`)."""
+    cfg, seed = p.fed_distance.privacy, p.run.seed
+    if cfg is None:
+        return []
+    data = privacy_data(p)
+    out = []
+    cells = privacy_attack_cells(cfg)
+    for i, pair in enumerate(cfg.pairs):
+        target, partner, held = _privacy_pair(data, i, pair)
+        for r in range(cfg.seeds):
+            for c in cells:
+                validation = data.validation if c["validation"] else None
+                name = (f"privacy attack {c['protocol']} {c['interpolation']} S={c['support']} t={c['t']} "
+                        f"K={c['iterations']} {'every' if c['per_round_distances'] else 'last'}"
+                        f"{' validation' if validation else ''} {target.name}|{partner.name} seed {r}")
+                out.append(Job(name, privacy_attack, dict(
+                    federation=cfg.federation, target=target, partner=partner, non_members=held,
+                    protocol=c["protocol"], interpolation=c["interpolation"], support=c["support"], t=c["t"],
+                    iterations=c["iterations"], per_round_distances=c["per_round_distances"], validation=validation,
+                    threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r)))
+    dp = cfg.dp
+    if dp is None:
+        return out
+    for i, pair in enumerate(cfg.pairs):
+        target, partner, held = _privacy_pair(data, i, pair)
+        for r in range(dp.seeds):
+            for c in privacy_dp_cells(dp):
+                out.append(Job(f"privacy dp S={c['support']} t={c['t']} eps={c['epsilon']:g} "
+                               f"{target.name}|{partner.name} seed {r}", privacy_dp, dict(
+                                   federation=cfg.federation, target=target, partner=partner, non_members=held,
+                                   support=c["support"], t=c["t"], iterations=dp.iterations, epsilon=c["epsilon"],
+                                   delta=dp.delta, clip_radius=data.clip_radius, accountant=dp.accountant,
+                                   threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r)))
+    if dp.clustering_clients:
+        chosen = data.usable[:dp.clustering_clients]
+        clients = [data.clients[k] for k in chosen]
+        groups = np.array([data.groups[k] for k in chosen])
+        for e in dict.fromkeys(dp.epsilons):
+            out.append(Job(f"privacy dp clustering eps={e:g} ({len(clients)} clients)", privacy_dp_clustering, dict(
+                federation=cfg.federation, clients=clients, groups=groups, epsilon=e, delta=dp.delta,
+                clip_radius=data.clip_radius, config=p.fed_distance.clustering.fedwad, accountant=dp.accountant,
+                seed=seed)))
+    return out
+
+
+def _support_size(support: int | str, n: int) -> int:
+    return n if support == "n" else int(support)
+
+
+def privacy_attack(federation: str, target: LabelledData, partner: LabelledData, non_members: np.ndarray,
+                   protocol: str, interpolation: str, support: int | str, t: float | str, iterations: int,
+                   per_round_distances: bool, validation: LabelledData | None, threshold: float, seed: int,
+                   repeat: int) -> dict[str, Any]:
+    """One attack cell: ``protocol`` between ``target`` and ``partner`` (FedBary: Q = ``validation``, or the
+    federated barycenter), the honest-but-curious server's reconstruction of the target from its transcript
+    (:func:`~otfed.privacy.attack.attack_protocol`), scored against the target's rows with ``non_members`` its
+    held-out rows. S = ``support`` ("n": the target's sample count). One row: the setting; t_methods, t_error
+    (the attacker's time estimators and largest time error); recovered_fraction (target rows within
+    ``threshold`` × their median NN distance of a reconstructed point), non_member_fraction (the same for the
+    non-members: the baseline), precise_fraction, median_error (in NN units), membership_auc; label_ari and
+    classes_matched (OTDD, FedBary); seconds; note (exact interpolation past its support cap)."""
+    n = int(np.asarray(target.x).shape[0])
+    s = _support_size(support, n)
+    row: dict[str, Any] = dict(federation=federation, target=target.name, partner=partner.name, n=n, protocol=protocol,
+                               interpolation=interpolation, support=str(support), S=s, t=str(t), iterations=iterations,
+                               distances="every round" if per_round_distances else "last",
+                               validation=validation is not None, repeat=repeat)
+    # the papers' messages only: no moment messages for Gelbrich's lower bound (they would give the server the
+    # exact mean and covariance besides; the attack does not read them)
+    if protocol == "fedbary":
+        config: FedWaDConfig = FedBaryConfig(support_size=s, iterations=iterations, t=t, lower_bound=False)
+    else:
+        config = FedWaDConfig(support_size=s, iterations=iterations, t=t, interpolation=interpolation,
+                              record_history=per_round_distances, lower_bound=False,
+                              max_support=EXACT_SUPPORT_CAP * n if interpolation == "exact" else None)
+    try:
+        res, secs = timed(attack_protocol, protocol, target, [partner], non_members, config, seed=seed,
+                          validation=validation, threshold=threshold)
+    except SupportGrowthError as exc:  # exact interpolation past its cap: report, don't hang
+        return row | dict(t_methods="", t_error=np.nan, points=0, recovered_fraction=np.nan,
+                          non_member_fraction=np.nan, precise_fraction=np.nan, median_error=np.nan,
+                          membership_auc=np.nan, label_ari=np.nan, classes_matched=-1, seconds=np.nan, note=str(exc))
+    sc = res.scores
+    return row | dict(t_methods=res.t_methods, t_error=res.t_error, points=res.points,
+                      recovered_fraction=sc.recovered_fraction, non_member_fraction=sc.non_member_fraction,
+                      precise_fraction=sc.precise_fraction, median_error=sc.median_error,
+                      membership_auc=sc.membership_auc, label_ari=res.label_ari, classes_matched=res.classes_matched,
+                      seconds=secs, note="")
+
+
+def privacy_dp(federation: str, target: LabelledData, partner: LabelledData, non_members: np.ndarray,
+               support: int | str, t: float | str, iterations: int, epsilon: float, delta: float, clip_radius: float,
+               accountant: str, threshold: float, seed: int, repeat: int) -> dict[str, Any]:
+    """One DP cell: FedWaD between ``target`` and ``partner`` with both clients (ε, δ)-DP
+    (:class:`~otfed.privacy.dp.DPWassersteinClient`, records clipped to B(0, ``clip_radius``)), attacked like
+    :func:`privacy_attack`; next to it the exact W2 (POT network simplex) and the non-DP FedWaD estimate of the
+    same session (same seed: same ξ⁰ and t's). One row: the setting; epsilon_spent (the accountant's ε of the
+    target's releases), noise_multiplier, releases, clipped_fraction (target rows outside the ball); estimate,
+    exact_w2, fedwad_estimate, rel_error and fedwad_rel_error (|· − W2| / W2); the attack's scores; seconds."""
+    x = np.asarray(target.x, dtype=np.float64)
+    n = x.shape[0]
+    s = _support_size(support, n)
+    config = FedWaDConfig(support_size=s, iterations=iterations, t=t, lower_bound=False)  # Algorithm 1's messages
+    exact = wasserstein(x, partner.x, p=2)
+    plain = federated_wasserstein(x, partner.x, config, seed=seed).estimate
+    dp = DPConfig(epsilon=epsilon, delta=delta, clip_radius=clip_radius, accountant=accountant)
+    res, secs = timed(attack_protocol, "fedwad", target, [partner], non_members, config, seed=seed,
+                      threshold=threshold, dp=dp)
+    sc = res.scores
+    return dict(federation=federation, target=target.name, partner=partner.name, n=n, support=str(support), S=s,
+                t=str(t), iterations=iterations, epsilon=float(epsilon), delta=delta, repeat=repeat,
+                epsilon_spent=res.epsilon, noise_multiplier=res.noise_multiplier, releases=res.releases,
+                clip_radius=clip_radius, clipped_fraction=float(np.mean(np.linalg.norm(x, axis=1) > clip_radius)),
+                estimate=res.estimate, exact_w2=exact, fedwad_estimate=plain,
+                rel_error=abs(res.estimate - exact) / exact,
+                fedwad_rel_error=abs(plain - exact) / exact, t_methods=res.t_methods, points=res.points,
+                recovered_fraction=sc.recovered_fraction, non_member_fraction=sc.non_member_fraction,
+                precise_fraction=sc.precise_fraction, median_error=sc.median_error, membership_auc=sc.membership_auc,
+                seconds=secs)
+
+
+def privacy_dp_clustering(federation: str, clients: list[LabelledData], groups: np.ndarray, epsilon: float,
+                          delta: float, clip_radius: float, config: FedWaDConfig, accountant: str,
+                          seed: int) -> dict[str, Any]:
+    """Pairwise DP FedWaD between ``clients`` (one session per pair, per-pair seeds as the clustering jobs; each
+    client's (ε, δ) covers its n − 1 sessions), the matrix the server would cluster. Returns federation,
+    epsilon, names, groups, distances (the matrix), noise_multiplier, releases (per client, all sessions),
+    epsilon_spent (the accountant's ε for them) and seconds."""
+    m = len(clients)
+    dp = DPConfig(epsilon=epsilon, delta=delta, clip_radius=clip_radius, sessions=m - 1, accountant=accountant)
+    pairs = client_pairs(m)
+    values, secs = timed(lambda: [dp_federated_wasserstein(clients[i].x, clients[j].x, config, dp,
+                                                           seed=pair_seed(seed, i, j),
+                                                           names=(clients[i].name, clients[j].name)).estimate
+                                  for i, j in pairs])
+    sigma = dp.noise_multiplier(config)
+    return dict(federation=federation, epsilon=float(epsilon), names=[c.name for c in clients],
+                groups=np.asarray(groups), distances=distance_matrix(m, pairs, values), noise_multiplier=sigma,
+                releases=dp.releases(config),
+                epsilon_spent=gaussian_epsilon(sigma, dp.releases(config), delta, accountant),
+                seconds=secs)
 
 
 def toy_case(dim: int, ratio: int, n: int, repeat: int, supports: list[int], iterations: int,
@@ -352,13 +699,15 @@ def clustering_names(cfg: ClusteringParams) -> list[str]:
 
 class Sessions(NamedTuple):
     """The first jobs' results regrouped: toy rows, convergence rows, OTDD pairs, and per clustering
-    federation its name, roster and pair results; ``rest`` = the follow-up results."""
+    federation its name, roster and pair results; coreset rows; the privacy attack rows, DP rows and DP
+    clustering results; ``rest`` = the follow-up results."""
 
     toy: list[dict[str, Any]]
     convergence: list[dict[str, Any]]
     otdd: tuple[Roster, list[dict[str, Any]]]
     clustering: list[tuple[str, Roster, list[FedWaDResult]]]
     coresets: list[dict[str, Any]]
+    privacy: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
     rest: list[Any]
 
 
@@ -376,7 +725,9 @@ def sessions(p: Params, results: list[Any]) -> Sessions:
         r = roster(name, fd.clustering.diagonal)
         rosters.append((name, r, _take(remaining, len(r.clients), include_diagonal=False)))
     coreset_rows = [row for rows in islice(remaining, len(coreset_cells(p))) for row in rows]
-    return Sessions(toy_rows, conv_rows, (otdd, otdd_results), rosters, coreset_rows, list(remaining))
+    n_attack, n_dp, n_clustering = privacy_counts(p)
+    privacy = (list(islice(remaining, n_attack)), list(islice(remaining, n_dp)), list(islice(remaining, n_clustering)))
+    return Sessions(toy_rows, conv_rows, (otdd, otdd_results), rosters, coreset_rows, privacy, list(remaining))
 
 
 def cluster_labels(cfg: ClusteringParams, r: Roster, distances: np.ndarray,
@@ -460,6 +811,8 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
         metrics["clustered_fl"] = clustered_fl_metrics(fl_rows, fl_summary, out)
     if fd.coresets is not None:
         metrics["coresets"] = coreset_metrics(parts.coresets, fl_summary, out)
+    if fd.privacy is not None:
+        metrics["privacy"] = privacy_metrics(p, *parts.privacy, out)
     out.table(pd.DataFrame(degenerate, columns=["federation", "client", "reason"]), "degenerate_clients.csv")
     metrics["degenerate_clients"] = len(degenerate)
     return metrics
@@ -647,6 +1000,288 @@ def coreset_metrics(rows: list[dict[str, Any]], fl: pd.DataFrame | None, out: Re
     return metrics
 
 
+# ------------------------------------------------------------------------------------------ privacy report
+# the papers' statements the privacy tables test, verbatim (the PDF extraction's garbled math restated)
+PRIVACY_QUOTES = {
+    "random_t": ("FedWaD §3", "… are not unique, thus clients can compute these interpolating measures based on a "
+                 "random value of t."),
+    "last_distance": ("FedWaD §3", "Besides, since communicating the distance may reveal information about the "
+                      "data, they can be shared with the server only for the last iteration."),
+    "dp": ("FedWaD §3", "More effectively, one can incorporate an (adapted) differentially private version of the "
+           "Wasserstein distance (Lê Tien et al., 2019)."),
+    "fedbary": ("FedBary §4.4, Privacy Guarantee", "In our setting, privacy is guaranteed from two aspects: (1) Raw "
+                "training samples cannot be reconstructed. (2) Generating data with similar appearance is not "
+                "feasible. […] Secondly, hyperparameter t for approximating the interpolating measure, the OT "
+                "plan between X̃_i and γ_i, and OT plan between η_Q_i and η_P_i are only known to the client i "
+                "himself."),
+}
+ATTACK_KEYS = ["protocol", "interpolation", "support", "t", "iterations", "distances", "validation"]
+DP_KEYS = ["support", "t", "epsilon"]
+ROUNDING = 1e-9  # t_error, median_error below this are floating-point rounding (digits differ between CPUs): 0
+
+
+def without_rounding_noise(frame: pd.DataFrame, columns: tuple[str, ...] = ("t_error", "median_error")) -> pd.DataFrame:
+    """``frame`` with the ``columns``' values below :data:`ROUNDING` set to 0 — exact recoveries differ from the
+    truth by ~1e-15 in digits no CPU reproduces; the committed tables keep the same bytes everywhere."""
+    return frame.assign(**{c: frame[c].mask(frame[c].abs() < ROUNDING, 0.0) for c in columns if c in frame})
+
+
+def privacy_attack_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per attack cell (:data:`ATTACK_KEYS`, grid order): means over pairs and seeds of recovered, non_member,
+    precise, median_error, auc and label_ari; the largest t_error, the fewest classes matched, the estimators."""
+    return rows.groupby(ATTACK_KEYS, sort=False, as_index=False).agg(
+        runs=("repeat", "size"), recovered=("recovered_fraction", "mean"), non_member=("non_member_fraction", "mean"),
+        precise=("precise_fraction", "mean"), median_error=("median_error", "mean"), auc=("membership_auc", "mean"),
+        label_ari=("label_ari", "mean"), classes_matched=("classes_matched", "min"), t_error=("t_error", "max"),
+        t_methods=("t_methods", lambda s: "/".join(sorted(set(s)))))
+
+
+def privacy_dp_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per DP cell (:data:`DP_KEYS`, grid order): the largest ε spent, σ_mult, releases; means over pairs and
+    seeds of the DP and non-DP relative errors, recovered, non_member, auc and the clipped fraction."""
+    return rows.groupby(DP_KEYS, sort=False, as_index=False).agg(
+        runs=("repeat", "size"), epsilon_spent=("epsilon_spent", "max"), noise_multiplier=("noise_multiplier", "mean"),
+        releases=("releases", "max"), rel_error=("rel_error", "mean"), fedwad_rel_error=("fedwad_rel_error", "mean"),
+        recovered=("recovered_fraction", "mean"), non_member=("non_member_fraction", "mean"),
+        auc=("membership_auc", "mean"), clipped_fraction=("clipped_fraction", "mean"))
+
+
+def dp_baselines(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per DP setting (S, t): the largest ε of the grid up to which the attack recovers no more of the target's
+    samples than of its non-members (every smaller ε too; NaN when even the smallest leaks), the DP estimate's
+    relative error there, the non-DP FedWaD error and the recovered fraction at the largest ε."""
+    out = []
+    for (support, t), sub in summary.groupby(["support", "t"], sort=False):
+        sub = sub.sort_values("epsilon", kind="stable")
+        below = (sub.recovered <= sub.non_member).to_numpy()
+        k = int(np.argmin(below)) if not below.all() else len(below)
+        out.append(dict(support=support, t=t, baseline_epsilon=float(sub.epsilon.iloc[k - 1]) if k else np.nan,
+                        rel_error_at_baseline=float(sub.rel_error.iloc[k - 1]) if k else np.nan,
+                        fedwad_rel_error=float(sub.fedwad_rel_error.mean()),
+                        recovered_at_largest_epsilon=float(sub.recovered.iloc[-1])))
+    return pd.DataFrame(out)
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not np.isfinite(x) else f"{100 * x:.0f}%"
+
+
+def _num(x: float) -> str:
+    return "n/a" if x != x else ("∞" if x == math.inf else f"{x:.3g}")
+
+
+def _cell(summary: pd.DataFrame, **match: Any) -> pd.Series | None:
+    """The one summary row whose columns equal ``match`` (None when the grid has no such cell)."""
+    sel = summary
+    for key, value in match.items():
+        sel = sel[sel[key] == value]
+    return None if sel.empty else sel.iloc[0]
+
+
+def _defended(summary: pd.DataFrame, protocol: str, support: str, t: str, k: int,
+              validation: bool = False) -> pd.Series | None:
+    """The cell under the papers' defences: approximate interpolation, distances only at the end (FedBary:
+    the d_i it sends every round by protocol), K = ``k``."""
+    return _cell(summary, protocol=protocol, interpolation="approx", support=support, t=t, iterations=k,
+                 distances="every round" if protocol == "fedbary" else "last", validation=validation)
+
+
+def attack_findings(summary: pd.DataFrame) -> list[str]:
+    """What the attack table says about FedWaD §3's random t and last-iteration distances and FedBary §4.4's
+    claim, in plain sentences computed from the summary (:func:`privacy_attack_summary`)."""
+    k, k1 = int(summary.iterations.max()), int(summary.iterations.min())
+    fixed = next((t for t in dict.fromkeys(summary.t) if t != "random"), None)
+    names = {"fedwad": "FedWaD", "otdd": "federated OTDD", "fedbary": "FedBary"}
+    lines = []
+    parts, verdicts = [], []
+    for protocol in dict.fromkeys(summary.protocol):
+        rand = _defended(summary, protocol, "n", "random", k)
+        fix = _defended(summary, protocol, "n", fixed, k) if fixed else None
+        if rand is None:
+            continue
+        error = f"below {ROUNDING:g}" if rand.t_error < ROUNDING else _num(rand.t_error)
+        parts.append(f"{names[protocol]} {_pct(rand.recovered)} with a random t (the attacker's t from "
+                     f"{rand.t_methods}, largest error {error})"
+                     + (f" and {_pct(fix.recovered)} with t = {fixed} (public)" if fix is not None else ""))
+        if fix is not None:
+            verdicts.append(rand.recovered >= fix.recovered - 0.05)
+    if parts:
+        verdict = ("a random t does not reduce what the server recovers: it estimates t from the messages"
+                   if verdicts and all(verdicts) else
+                   "a random t reduces what the server recovers in some protocols (compare the rows)")
+        lines.append(f"**Random t (FedWaD §3).** With S = n (the target's sample count), K = {k} and distances only "
+                     f"at the end, the server recovered: {'; '.join(parts)}. Measured: {verdict}.")
+    one = _defended(summary, "fedwad", "n", "random", k1)
+    if one is not None and k1 == 1 and k1 != k:
+        lines.append("With a single iteration (K = 1) there are no two rounds whose means would give t; FedWaD's "
+                     f"random t then came from {one.t_methods} (the final distance) and {_pct(one.recovered)} of the "
+                     "samples were recovered at S = n.")
+    small = [r for s in dict.fromkeys(summary.support) if s != "n"
+             for r in [_defended(summary, "fedwad", s, "random", k)] if r is not None]
+    if small:
+        lines.append("With S < n the messages carry S transport-cell means per round, not samples: FedWaD "
+                     + ", ".join(f"S = {r.support}: {_pct(r.recovered)} recovered (membership AUC {_num(r.auc)})"
+                                 for r in small) + ".")
+    pairs = summary[summary.protocol != "fedbary"]
+    keys = [c for c in ATTACK_KEYS if c != "distances"]
+    wide = pairs.pivot_table(index=keys, columns="distances", values="recovered", sort=False)
+    if {"last", "every round"} <= set(wide.columns):
+        gap = (wide["every round"] - wide["last"]).abs()
+        worst = dict(zip(keys, gap.idxmax())) if gap.notna().any() and gap.max() > 0 else None
+        at = (f" (largest: {worst['protocol']}, {worst['interpolation']}, S = {worst['support']}, t {worst['t']}, "
+              f"K = {worst['iterations']})" if worst else "")
+        gain = float((wide["every round"] - wide["last"]).max())
+        verdict = ("keeping the distances to the last iteration does not reduce what the server recovers: the "
+                   "interpolants' means give t (K ≥ 2), a fixed t is public, and with K = 1 the final distance "
+                   "gives t" if gain <= 0.05 else
+                   f"per-round distances raise the recovered fraction by up to {_num(gain)}: the defence helps there")
+        lines.append("**Distances only at the last iteration (FedWaD §3).** Sending W(μ, ξ_μ^k) every round "
+                     f"changed the recovered fraction by at most {_num(float(gap.max()))}{at} over the FedWaD and OTDD "
+                     f"cells. Measured: {verdict}.")
+    bary = [(label, r) for label, r in [
+        ("Q the federated barycenter, random t", _defended(summary, "fedbary", "n", "random", k)),
+        ("Q the server's validation set, random t", _defended(summary, "fedbary", "n", "random", k, True)),
+        (f"t = {fixed} (public)", _defended(summary, "fedbary", "n", fixed, k) if fixed else None)] if r is not None]
+    if bary:
+        best = summary[summary.protocol == "fedbary"].recovered.max()
+        claim = ("refuted in this setting: the server reconstructs raw training samples from FedBary's messages"
+                 if best >= 0.5 else f"not refuted by this attack: at most {_pct(best)} of the samples recovered")
+        lines.append("**FedBary §4.4.** With S = n, K = " + str(k) + ": " + "; ".join(
+            f"{label}: {_pct(r.recovered)} recovered (times from {r.t_methods}), label ARI {_num(r.label_ari)}, "
+            f"class statistics recovered exactly: {int(r.classes_matched)} (fewest over runs)" for label, r in bary)
+            + f". Claim (1), \"raw training samples cannot be reconstructed\": {claim} (rule: recovered ≥ 50% "
+            "in some cell).")
+    return lines
+
+
+def dp_findings(summary: pd.DataFrame, baselines: pd.DataFrame, clustering: pd.DataFrame | None,
+                rows: pd.DataFrame) -> list[str]:
+    """What the DP table says: per setting where the attack falls to the non-member baseline and the error
+    there; the ε the accountant says was spent; the clustering ARI; what is not measured."""
+    lines = []
+    c, q = float(rows.clip_radius.iloc[0]), float(rows.clipped_fraction.mean())
+    lines.append(f"Both clients DP (replace-one (ε, δ) per client, δ = {_num(float(rows.delta.iloc[0]))}); clip "
+                 f"radius C = {c:.4g} from the server's public test rows; {100 * q:.1f}% of the targets' rows clipped.")
+    for b in baselines.itertuples():
+        where = ("at every ε of the grid, ∞ (no noise) included" if b.baseline_epsilon == math.inf else
+                 f"at every ε ≤ {_num(b.baseline_epsilon)}" if b.baseline_epsilon == b.baseline_epsilon
+                 else "at no ε of the grid")
+        lines.append(f"S = {b.support}, t = {b.t}: the attack recovers no more of the target's samples than of its "
+                     f"non-members {where}; the DP estimate's relative error vs the exact W2 is "
+                     f"{_num(b.rel_error_at_baseline)} there (non-DP FedWaD: {_num(b.fedwad_rel_error)}); at the "
+                     f"largest ε {_pct(b.recovered_at_largest_epsilon)} recovered.")
+    finite = rows[np.isfinite(rows.epsilon)]
+    if len(finite):
+        ratio = float((finite.epsilon_spent / finite.epsilon).max())
+        lines.append(f"ε spent (dp-accounting, over the session's K + 1 releases) / target ε: at most {ratio:.6f} "
+                     "(the budget holds).")
+    if clustering is not None and len(clustering):
+        aff = clustering[clustering.method == "affinity"]
+        lines.append(f"Clustering (FedWaD §5): pairwise DP FedWaD between {int(aff.clients.iloc[0])} clients → "
+                     "spectral clustering (affinity), ARI vs the planted groups: "
+                     + ", ".join(f"ε = {_num(r.epsilon)}: {_num(r.ari)}" for r in aff.itertuples()) + ".")
+    lines.append("Not measured: FedBary's detection AUC vs ε — otfed.privacy.dp has a DP FedWaD client only; "
+                 "no DP FedBary client (noised γ_i, d_i with their accounting over the rounds) exists.")
+    return lines
+
+
+def write_privacy_markdown(out: Report, name: str, title: str, quotes: list[str], findings: list[str],
+                           setting: str, table: pd.DataFrame) -> None:
+    """``name`` (Markdown): the papers' statements, what the measurement says, the setting and the table (the
+    committed digits, :func:`committed_table`) — written into the reports folder and logged."""
+    text = [f"# {title}", "", "The papers' statements tested here:", ""]
+    for key in quotes:
+        ref, quote = PRIVACY_QUOTES[key]
+        text += [f"> “{quote}” — {ref}", ""]
+    text += ["What the measurement says:", ""] + [f"- {line}" for line in findings]
+    text += ["", setting, "", io.markdown_table(committed_table(table))]
+    out.artifact(io.write_text("\n".join(text), out.out / name))
+
+
+def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[dict[str, Any]],
+                    clustering: list[dict[str, Any]], out: Report) -> dict[str, Any]:
+    """The attack and DP tables (``privacy_attack.csv``, ``privacy_dp.csv``, ``privacy_dp_clustering.csv``; their
+    Markdown twins carry the papers' statements and what the numbers say), ``privacy.png``, and the metrics:
+    per protocol and S the recovered fraction under the papers' defences (random t, distances at the end, the
+    largest K; ``fedwad_recovered_paper_defences_S_n`` at S = n), and for the DP setting S = n with a public
+    fixed t (the strongest attacker; else the first setting) the largest ε at which the attack is at its
+    non-member baseline (``dp_baseline_epsilon``), the DP error there (``dp_rel_error_at_baseline``) and the
+    non-DP error; per ε the clustering ARI (nested run ``privacy``)."""
+    cfg, fd, seed = p.fed_distance.privacy, p.fed_distance, p.run.seed
+    metrics: dict[str, Any] = {}
+    attack = without_rounding_noise(pd.DataFrame(attack_rows))
+    out.table(attack, "privacy_attack.csv", markdown=False)
+    summary = privacy_attack_summary(attack)
+    k = int(summary.iterations.max())
+    for protocol in dict.fromkeys(summary.protocol):
+        for support in dict.fromkeys(summary.support):
+            for t in dict.fromkeys(summary.t):
+                r = _defended(summary, protocol, support, t, k)
+                if r is not None:
+                    suffix = "" if t == "random" else f"_t{t}"
+                    metrics[f"{protocol}_recovered_S{support}{suffix}"] = float(r.recovered)
+    if "fedwad_recovered_Sn" in metrics:
+        metrics["fedwad_recovered_paper_defences_S_n"] = metrics["fedwad_recovered_Sn"]
+    sizes = attack.groupby("target", sort=False).n.first()
+    setting = (f"Setting: federation {cfg.federation}, targets " + ", ".join(f"{c} (n = {n})" for c, n in sizes.items())
+               + f"; features: {cfg.pca_components}-component PCA fitted on the server's test split; non-members: "
+               f"the target's held-out rows; recovered = within {cfg.threshold} × the target's median nearest-"
+               f"neighbour distance of a reconstructed point (non_member: the same for the non-members — the "
+               f"baseline); median_error in units of that distance; t_error and median_error below {ROUNDING:g} "
+               f"(rounding) written as 0; means over {attack.repeat.nunique()} seed(s) and {len(sizes)} target(s); "
+               "one row per run in privacy_attack.csv.")
+    write_privacy_markdown(out, "privacy_attack.md", "Honest-but-curious server: reconstruction from FedWaD, "
+                           "federated OTDD and FedBary messages", ["random_t", "last_distance", "fedbary"],
+                           attack_findings(summary), setting, summary)
+    dp_summary, clustering_table = None, None
+    if dp_rows:
+        dp = without_rounding_noise(pd.DataFrame(dp_rows))
+        out.table(dp, "privacy_dp.csv", markdown=False)
+        dp_summary = privacy_dp_summary(dp)
+        baselines = dp_baselines(dp_summary)
+        head = baselines[(baselines.support == "n") & (baselines.t != "random")]
+        head = head if len(head) else baselines
+        b = head.iloc[0]
+        metrics |= {"dp_baseline_epsilon": float(b.baseline_epsilon),
+                    "dp_rel_error_at_baseline": float(b.rel_error_at_baseline),
+                    "dp_fedwad_rel_error": float(b.fedwad_rel_error)}
+        for r in baselines.itertuples():
+            metrics[f"dp_S{r.support}_t{r.t}_baseline_epsilon"] = float(r.baseline_epsilon)
+            metrics[f"dp_S{r.support}_t{r.t}_rel_error_at_baseline"] = float(r.rel_error_at_baseline)
+        if clustering:
+            clustering_table = privacy_clustering_table(fd.clustering, clustering, seed)
+            out.table(clustering_table, "privacy_dp_clustering.csv")
+            for r in clustering_table[clustering_table.method == "affinity"].itertuples():
+                metrics[f"dp_clustering_ari_eps{r.epsilon:g}"] = float(r.ari)
+        dp_cfg = cfg.dp
+        assert dp_cfg is not None  # dp rows exist
+        setting = (f"Setting: the attack's federation, targets and scoring; FedWaD with K = {dp_cfg.iterations}, "
+                   f"approximate interpolation; C = the {dp_cfg.clip_quantile} quantile of the norms of the server's "
+                   f"test rows in the PCA space; accountant {dp_cfg.accountant}; rel_error = |estimate − W2| / W2 "
+                   "(W2: exact, POT network simplex); means over seeds and targets; one row per run in "
+                   "privacy_dp.csv; the clustering rows in privacy_dp_clustering.csv.")
+        write_privacy_markdown(out, "privacy_dp.md", "DP FedWaD: the attack and the distance error vs ε", ["dp"],
+                               dp_findings(dp_summary, baselines, clustering_table, dp), setting, dp_summary)
+    out.figure(figs.privacy_figure(summary, dp_summary, clustering_table), "privacy.png")
+    with out.variant("privacy", tags={"federation": cfg.federation}) as child:
+        child.log_metrics({key: v for key, v in metrics.items() if np.isfinite(v)})
+    return metrics
+
+
+def privacy_clustering_table(cfg: ClusteringParams, results: list[dict[str, Any]], seed: int) -> pd.DataFrame:
+    """Per ε: spectral clustering of the DP distance matrix (:func:`clustering_scores`, the clustering group's
+    settings) scored by ARI vs the planted groups, with the ε spent, σ_mult and releases per client."""
+    rows = []
+    for res in results:
+        groups = np.asarray(res["groups"])
+        n_clusters = max(min(cfg.n_clusters, len(np.unique(groups)), len(groups)), 2)
+        scores, _ = clustering_scores(res["distances"], groups, n_clusters, cfg.neighbors, seed)
+        rows += [dict(federation=res["federation"], epsilon=res["epsilon"], epsilon_spent=res["epsilon_spent"],
+                      noise_multiplier=res["noise_multiplier"], releases=res["releases"], clients=len(groups),
+                      seconds=res["seconds"]) | row for row in scores]
+    return pd.DataFrame(rows)
+
+
 STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check,
               headline=("toy.fedwad_approx_S100_*_rel_error",  # fig. 2: error at the largest S, n = max_n
                         "toy.support_needed_*",  # the S at which the error falls below 5% (n = convergence_n)
@@ -654,7 +1289,9 @@ STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check,
                         "otdd.mean_rel_error", "otdd.order_preserved",  # fig. 6
                         "clustering.*.affinity",  # tables 1-5: ARI per structure
                         "clustered_fl.*.global_fedavg", "clustered_fl.*.affinity_fedavg_uplift",  # tables 1-5
-                        "coresets.*.fedwad_coreset_K10"),  # fig. 5 / 12: coreset 1-NN accuracy
+                        "coresets.*.fedwad_coreset_K10",  # fig. 5 / 12: coreset 1-NN accuracy
+                        "privacy.fedwad_recovered_paper_defences_S_n",  # FedWaD §3: random t, distance at the end
+                        "privacy.dp_rel_error_at_baseline"),  # DP FedWaD: error where the attack stops working
               followups=followups)
 
 if __name__ == "__main__":  # DVC: python -m stages.fed_distance

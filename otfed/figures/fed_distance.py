@@ -160,3 +160,92 @@ def coreset_figure(summary: pd.DataFrame) -> plt.Figure:
     axes[0][0].set_ylabel("pooled held-out accuracy (mean ± 95% CI)")
     fig.tight_layout()
     return fig
+
+
+PROTOCOL_STYLE = {"fedwad": ("tab:blue", "FedWaD"), "otdd": ("tab:green", "federated OTDD"),
+                  "fedbary": ("tab:red", "FedBary")}
+
+
+def _epsilon_positions(epsilons: Sequence[float]) -> tuple[dict[float, float], list[float], list[str]]:
+    """x positions of ε values on a log10 axis, ε = ∞ one decade right of the largest finite ε; ticks, labels."""
+    finite = sorted(e for e in set(epsilons) if np.isfinite(e))
+    top = np.log10(finite[-1]) + 1.0 if finite else 0.0
+    pos = {e: (float(np.log10(e)) if np.isfinite(e) else top) for e in set(epsilons)}
+    ticks = sorted(pos.values())
+    labels = ["∞" if not np.isfinite(e) else f"{e:g}" for e in sorted(pos, key=pos.get)]
+    return pos, ticks, labels
+
+
+def privacy_figure(attack: pd.DataFrame, dp: pd.DataFrame | None = None,
+                   clustering: pd.DataFrame | None = None) -> plt.Figure:
+    """The honest-but-curious server's attack and the DP defence (FedWaD §3, FedBary §4.4).
+
+    Left: fraction of the target's samples the server recovers vs the support S, per protocol, under the papers'
+    defences (approximate interpolation, random t, distances only at the end, the largest K; solid) and with
+    a public fixed t (dashed); FedBary with a server validation set dotted; grey: the non-member baseline.
+    With ``dp`` (summary rows per DP cell: support, t, epsilon, recovered,
+    non_member, rel_error, fedwad_rel_error): the attack's recovered fraction vs ε per DP setting with its
+    non-member baseline, and the DP estimate's relative error vs ε with the non-DP FedWaD error (dashed); with
+    ``clustering`` (rows epsilon, method, ari): the spectral clustering's ARI vs ε.
+    ``attack``: summary rows (protocol, interpolation, support, t, iterations, distances, validation,
+    recovered, non_member)."""
+    panels = 1 + (2 if dp is not None and len(dp) else 0) + (1 if clustering is not None and len(clustering) else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(4.8 * panels, 3.9), squeeze=False)
+    ax = axes[0][0]
+    k = attack.iterations.max()
+    supports = list(dict.fromkeys(attack.support))
+    x = {s: i for i, s in enumerate(supports)}
+    approx = attack[(attack.interpolation == "approx") & (attack.iterations == k)
+                    & ((attack.distances == "last") | (attack.protocol == "fedbary"))]
+    for protocol, color_label in PROTOCOL_STYLE.items():
+        color, label = color_label
+        for t_kind, ls in (("random", "-"), ("fixed", "--")):
+            for validation in (False, True):
+                sub = approx[(approx.protocol == protocol) & (approx.validation == validation)
+                             & ((approx.t == "random") == (t_kind == "random"))]
+                if sub.empty:
+                    continue
+                sub = sub.drop_duplicates("support")
+                name = f"{label}, t {'random' if t_kind == 'random' else sub.t.iloc[0]}"
+                ax.plot([x[s] for s in sub.support], sub.recovered, color=color, ls=":" if validation else ls,
+                        marker="o", ms=4, label=name + (", validation Q" if validation else ""))
+    base = approx.groupby("support", sort=False).non_member.mean()
+    ax.plot([x[s] for s in base.index], base.to_numpy(), color="gray", ls="-", lw=3, alpha=0.4,
+            label="non-members (baseline)")
+    ax.set_xticks(range(len(supports)), [f"S = {s}" for s in supports])
+    ax.set(ylim=(-0.03, 1.03), ylabel="fraction of the target's samples recovered",
+           title=f"attack under the papers' defences (K = {k})")
+    ax.legend(fontsize=6)
+    col = 1
+    if dp is not None and len(dp):
+        pos, ticks, labels = _epsilon_positions(dp.epsilon.tolist())
+        ax_r, ax_e = axes[0][col], axes[0][col + 1]
+        col += 2
+        for i, ((support, t), sub) in enumerate(dp.groupby(["support", "t"], sort=False)):
+            sub = sub.sort_values("epsilon")
+            xs = [pos[e] for e in sub.epsilon]
+            color = f"C{i}"
+            ax_r.plot(xs, sub.recovered, "o-", color=color, label=f"S = {support}, t {t}")
+            ax_r.plot(xs, sub.non_member, ":", color=color, alpha=0.7)
+            ax_e.plot(xs, sub.rel_error.clip(lower=1e-6), "o-", color=color, label=f"DP, S = {support}, t {t}")
+            ax_e.axhline(float(sub.fedwad_rel_error.mean()), color=color, ls="--", lw=0.8)
+        for a in (ax_r, ax_e):
+            a.set_xticks(ticks, labels)
+            a.set_xlabel("ε per client (δ fixed; ∞: no noise)")
+        ax_r.set(ylim=(-0.03, 1.03), ylabel="recovered (dotted: non-members)", title="attack on DP FedWaD messages")
+        ax_e.set(yscale="log", ylabel="|estimate − W2| / W2", title="DP FedWaD error (dashed: non-DP FedWaD)")
+        ax_r.legend(fontsize=7)
+        ax_e.legend(fontsize=7)
+    if clustering is not None and len(clustering):
+        ax_c = axes[0][col]
+        pos, ticks, labels = _epsilon_positions(clustering.epsilon.tolist())
+        for method, sub in clustering.groupby("method", sort=False):
+            sub = sub.sort_values("epsilon")
+            ax_c.plot([pos[e] for e in sub.epsilon], sub.ari, "o-", label=method)
+        ax_c.set_xticks(ticks, labels)
+        ax_c.set(ylim=(min(-0.1, float(clustering.ari.min()) - 0.05), 1.05),
+                 xlabel="ε per client (over its n − 1 sessions)", ylabel="ARI vs planted groups",
+                 title=f"clustering on DP FedWaD ({int(clustering.clients.iloc[0])} clients)")
+        ax_c.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -53,7 +53,8 @@ of the classes (:func:`decode_label_augmented`).
 from reconstructed points to the client's samples relative to the median NN distance within the samples,
 the fraction of samples recovered within ``threshold`` × that scale, and a membership-inference AUC (score:
 minus the distance to the nearest reconstructed point; negatives: held-out records of the same
-distribution). :func:`attack_experiment` runs a protocol on synthetic data, attacks it and scores it.
+distribution). :func:`attack_protocol` runs a protocol on given client data (with DP FedWaD clients if asked),
+attacks it and scores it; :func:`attack_experiment` does so on synthetic data.
 
 Every attack function takes a :class:`ServerView` — messages only, never a client object or array.
 
@@ -92,6 +93,7 @@ from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, M
 from otfed.federation.otdd import federated_otdd
 from otfed.ot import Measure, interpolate_approx, optimal_transport
 from otfed.ot.otdd import LabelledData, augmented_measure, class_statistics
+from otfed.privacy.dp import DPConfig, dp_federated_wasserstein
 from otfed.schema import InterpolationTime, Strict
 
 Interpolation = Literal["approx", "exact"]
@@ -682,7 +684,9 @@ class ReconstructionScores:
     reconstructed points of their distance to the nearest sample, in units of ``scale``;
     ``recovered_fraction``: samples with a reconstructed point within ``threshold``·scale;
     ``precise_fraction``: reconstructed points within ``threshold``·scale of a sample; ``membership_auc``: ROC
-    AUC of "member" scored by minus the distance to the nearest reconstructed point (members vs non-members).
+    AUC of "member" scored by minus the distance to the nearest reconstructed point (members vs non-members);
+    ``non_member_fraction``: non-members with a reconstructed point within ``threshold``·scale — the recovered
+    fraction a reconstruction reaches without having learnt anything about the members (its baseline).
     """
 
     scale: float
@@ -691,6 +695,7 @@ class ReconstructionScores:
     precise_fraction: float
     membership_auc: float
     threshold: float
+    non_member_fraction: float = float("nan")
 
 
 def nn_scale(samples: np.ndarray) -> float:
@@ -727,7 +732,8 @@ def reconstruction_scores(reconstructed: np.ndarray, samples: np.ndarray, non_me
     return ReconstructionScores(scale=scale, median_error=float(np.median(to_sample)) / scale,
                                 recovered_fraction=float(np.mean(member_d <= cut)),
                                 precise_fraction=float(np.mean(to_sample <= cut)),
-                                membership_auc=auc, threshold=float(threshold))
+                                membership_auc=auc, threshold=float(threshold),
+                                non_member_fraction=float(np.mean(other_d <= cut)))
 
 
 def label_scores(decoded: LabelledReconstruction, x: np.ndarray, y: np.ndarray, diagonal: bool = True
@@ -850,62 +856,152 @@ def _true_fedbary_times(rounds: Sequence[BaryRound], mean: np.ndarray) -> tuple[
     return np.array(t), np.array(t2)
 
 
+@dataclass(frozen=True)
+class ProtocolAttack:
+    """One protocol session on given client data, attacked from the server's transcript and scored against the
+    truth (:func:`attack_protocol`).
+
+    ``t_methods``: the attacker's time estimators, joined; ``t_error``: the largest error of its per-round times
+    against the true ones (NaN under DP, where noisy interpolants no longer pin the true times down);
+    ``points``: reconstructed points, all rounds; ``scores``: :func:`reconstruction_scores` of the features;
+    ``label_ari`` / ``classes_matched``: :func:`label_scores` (OTDD, FedBary; NaN / −1 otherwise);
+    ``estimate``: what the protocol computed — FedWaD / OTDD: d(μ, ξ^K) + d(ξ^K, ν) (Algorithm 1, line 10),
+    FedBary: the target's distance to Q; ``epsilon`` / ``noise_multiplier`` / ``releases``: with ``dp``, the ε
+    each client spent in the session (the larger of the two, by its accountant), σ_mult and the releases the
+    target made (NaN / NaN / 0 without DP).
+    """
+
+    t_methods: str
+    t_error: float
+    points: int
+    scores: ReconstructionScores
+    label_ari: float
+    classes_matched: int
+    estimate: float
+    epsilon: float = float("nan")
+    noise_multiplier: float = float("nan")
+    releases: int = 0
+
+    def as_row(self) -> dict:
+        """The outcome as one flat table row (the scores' fields inline)."""
+        row = asdict(self)
+        return {k: v for k, v in row.items() if k != "scores"} | asdict(self.scores)
+
+
+def attack_protocol(protocol: Protocol, target: LabelledData, others: Sequence[LabelledData],
+                    non_members: np.ndarray, config: FedWaDConfig, seed: int = 0,
+                    validation: LabelledData | None = None, attacker_knows_t: bool = True, threshold: float = 0.5,
+                    diagonal: bool = True, dp: DPConfig | None = None) -> ProtocolAttack:
+    """Run ``protocol`` on the given clients over a ledgered channel, attack ``target`` from the server's
+    transcript alone and score the reconstruction against its true samples (the evaluation; never the attack).
+
+    FedWaD (Algorithm 1): ``target`` against ``others[0]`` on features (labels unused) — with ``dp`` both
+    clients are :class:`~otfed.privacy.dp.DPWassersteinClient` s (approximate interpolation only); federated
+    OTDD (FedWaD §4): the same on label-augmented samples; FedBary (Algorithm 1, eqs. 4–7): ``target`` and
+    every client of ``others``, Q the server's ``validation`` set or, without one, the federated barycenter
+    (``config`` must be a :class:`~otfed.federation.fedbary.FedBaryConfig`). ``non_members``: held-out records
+    of the target's distribution (membership AUC, non-member baseline). The attacker knows ``config`` (public
+    protocol configuration: a fixed t with ``attacker_knows_t``), never the data. Same inputs → same result.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> a = LabelledData("a", rng.normal(size=(30, 3)), np.zeros(30, dtype=int))
+    >>> b = LabelledData("b", rng.normal(size=(30, 3)) + 1.0, np.zeros(30, dtype=int))
+    >>> out = attack_protocol("fedwad", a, [b], rng.normal(size=(30, 3)), FedWaDConfig(support_size=30, iterations=3))
+    >>> out.scores.recovered_fraction, out.t_methods
+    (1.0, 'means')
+    """
+    if not others:
+        raise ValueError(f"{protocol}: the target needs at least one other client")
+    if dp is not None and protocol != "fedwad":
+        raise ValueError(f"dp: a differentially private client exists for FedWaD only, not for {protocol!r}")
+    channel = Channel(keep_inbox=True)
+    x = np.asarray(target.x, dtype=np.float64)
+    ari, matched = float("nan"), -1
+    eps, sigma, releases = float("nan"), float("nan"), 0
+    if protocol == "fedwad":
+        names = (target.name, others[0].name)
+        if dp is None:
+            estimate = federated_wasserstein(x, others[0].x, config, seed=seed, names=names, channel=channel).estimate
+        else:
+            out = dp_federated_wasserstein(x, others[0].x, config, dp, seed=seed, names=names, channel=channel)
+            estimate, eps, sigma, releases = out.estimate, out.epsilon, out.noise_multiplier, out.releases
+        view = server_view(channel)
+        rec = attack_fedwad(view, target.name, config, attacker_knows_t)
+        true_t = _true_fedwad_times(fedwad_rounds(view, target.name), x.mean(axis=0))
+        t_err = float(np.max(np.abs(rec.times.times - true_t))) if dp is None else float("nan")
+        features = rec.points
+    elif protocol == "otdd":
+        truth_mean = _mean(augmented_measure(target, diagonal))
+        estimate = federated_otdd(target, others[0], config, seed=seed, diagonal=diagonal, channel=channel).estimate
+        view = server_view(channel)
+        rec, decoded = attack_otdd(view, target.name, config, diagonal, use_known_t=attacker_knows_t)
+        true_t = _true_fedwad_times(fedwad_rounds(view, target.name), truth_mean)
+        t_err = float(np.max(np.abs(rec.times.times - true_t)))
+        ari, matched = label_scores(decoded, x, target.y, diagonal)
+        features = decoded.features
+    elif protocol == "fedbary":
+        if not isinstance(config, FedBaryConfig):
+            raise ValueError("fedbary: config must be a FedBaryConfig")
+        truth_mean = _mean(augmented_measure(target, config.diagonal))
+        result = federated_valuation([target, *others], config, validation=validation, seed=seed, channel=channel)
+        estimate = float(result.distances[0])
+        view = server_view(channel)
+        rec = attack_fedbary(view, target.name, config, attacker_knows_t)
+        decoded = decode_label_augmented(rec.points, config.diagonal)
+        true_t, true_t2 = _true_fedbary_times(fedbary_rounds(view, target.name), truth_mean)
+        t_err = float(max(np.max(np.abs(rec.times.times - true_t)),
+                          np.max(np.abs(rec.times.update_times - true_t2))))  # type: ignore[operator]
+        ari, matched = label_scores(decoded, x, target.y, config.diagonal)
+        features = decoded.features
+    else:
+        raise ValueError(f"unknown protocol {protocol!r}; allowed: fedwad, otdd, fedbary")
+    scores = reconstruction_scores(features, x, non_members, threshold)
+    return ProtocolAttack(t_methods="+".join(sorted(set(rec.times.methods))), t_error=t_err,
+                          points=int(rec.points.shape[0]), scores=scores, label_ari=ari, classes_matched=matched,
+                          estimate=float(estimate), epsilon=float(eps), noise_multiplier=float(sigma),
+                          releases=int(releases))
+
+
 def attack_experiment(config: AttackConfig) -> AttackResult:
     """Run ``config.protocol`` on synthetic clients over a ledgered channel, attack the target client from the
     server's transcript alone (:func:`attack_fedwad`, :func:`attack_otdd`, :func:`attack_fedbary`) and score the
-    reconstruction against the truth (:func:`reconstruction_scores`, :func:`label_scores`). Same config → same
-    result. Small sizes (n ≈ 100, S ≤ 100, K ≤ 10) run in well under a second (exact interpolation grows ξ's
-    support every round: keep K ≤ 3 there)."""
+    reconstruction against the truth (:func:`reconstruction_scores`, :func:`label_scores`) — the synthetic
+    draws of :class:`AttackConfig`, then :func:`attack_protocol`. Same config → same result. Small sizes
+    (n ≈ 100, S ≤ 100, K ≤ 10) run in well under a second (exact interpolation grows ξ's support every round:
+    keep K ≤ 3 there)."""
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 2024]))
     d, n = config.dim, config.samples
-    channel = Channel(keep_inbox=True)
-    ari, matched = float("nan"), -1
+    validation = None
     if config.protocol == "fedwad":
-        proto = FedWaDConfig(support_size=config.support_size, iterations=config.iterations, t=config.t,
-                             interpolation=config.interpolation, record_history=config.record_history)
+        proto: FedWaDConfig = FedWaDConfig(support_size=config.support_size, iterations=config.iterations,
+                                           t=config.t, interpolation=config.interpolation,
+                                           record_history=config.record_history)
         x = rng.normal(size=(n, d))
         other = rng.normal(size=(n, d)) + 2.0 / np.sqrt(d)
         holdout = rng.normal(size=(n, d))
-        federated_wasserstein(x, other, proto, seed=config.seed, channel=channel)
-        view = server_view(channel)
-        rec = attack_fedwad(view, "client_mu", proto, config.attacker_knows_t)
-        true_t = _true_fedwad_times(fedwad_rounds(view, "client_mu"), x.mean(axis=0))
-        t_err = float(np.max(np.abs(rec.times.times - true_t)))
-        features = rec.points
+        unlabelled = np.zeros(n, dtype=np.int64)
+        target, others = LabelledData("client_mu", x, unlabelled), [LabelledData("client_nu", other, unlabelled)]
     else:
         centres = rng.normal(scale=3.0, size=(config.classes, d))
         count = 2 if config.protocol == "otdd" else config.clients
         data = [_labelled(f"client_{i}", n, d, centres, rng) for i in range(count)]
         holdout = _labelled("holdout", n, d, centres, rng).x
-        target = data[0]
-        truth_mean = _mean(augmented_measure(target))
+        target, others = data[0], data[1:]
         if config.protocol == "otdd":
             proto = FedWaDConfig(support_size=config.support_size, iterations=config.iterations, t=config.t,
                                  interpolation=config.interpolation, record_history=config.record_history)
-            federated_otdd(data[0], data[1], proto, seed=config.seed, channel=channel)
-            view = server_view(channel)
-            rec, decoded = attack_otdd(view, target.name, proto, use_known_t=config.attacker_knows_t)
-            true_t = _true_fedwad_times(fedwad_rounds(view, target.name), truth_mean)
-            t_err = float(np.max(np.abs(rec.times.times - true_t)))
         else:
-            bary = FedBaryConfig(support_size=config.support_size, iterations=config.iterations, t=config.t,
-                                 interpolation=config.interpolation)
+            proto = FedBaryConfig(support_size=config.support_size, iterations=config.iterations, t=config.t,
+                                  interpolation=config.interpolation)
             validation = _labelled("server", n, d, centres, rng) if config.validation else None
-            federated_valuation(data, bary, validation=validation, seed=config.seed, channel=channel)
-            view = server_view(channel)
-            rec = attack_fedbary(view, target.name, bary, config.attacker_knows_t)
-            decoded = decode_label_augmented(rec.points)
-            true_t, true_t2 = _true_fedbary_times(fedbary_rounds(view, target.name), truth_mean)
-            t_err = float(max(np.max(np.abs(rec.times.times - true_t)),
-                              np.max(np.abs(rec.times.update_times - true_t2))))  # type: ignore[operator]
-        ari, matched = label_scores(decoded, target.x, target.y)
-        x, features = target.x, decoded.features
-    scores = reconstruction_scores(features, x, holdout, config.threshold)
+    out = attack_protocol(config.protocol, target, others, holdout, proto, seed=config.seed, validation=validation,
+                          attacker_knows_t=config.attacker_knows_t, threshold=config.threshold)
+    s = out.scores
     return AttackResult(protocol=config.protocol, interpolation=config.interpolation,
                         support_size=config.support_size, t=str(config.t), iterations=config.iterations, dim=d,
                         samples=n, validation=config.validation, record_history=config.record_history,
-                        attacker_knows_t=config.attacker_knows_t,
-                        seed=config.seed, t_methods="+".join(sorted(set(rec.times.methods))), t_error=t_err,
-                        points=int(rec.points.shape[0]), median_error=scores.median_error,
-                        recovered_fraction=scores.recovered_fraction, precise_fraction=scores.precise_fraction,
-                        membership_auc=scores.membership_auc, label_ari=ari, classes_matched=matched)
+                        attacker_knows_t=config.attacker_knows_t, seed=config.seed, t_methods=out.t_methods,
+                        t_error=out.t_error, points=out.points, median_error=s.median_error,
+                        recovered_fraction=s.recovered_fraction, precise_fraction=s.precise_fraction,
+                        membership_auc=s.membership_auc, label_ari=out.label_ari, classes_matched=out.classes_matched)

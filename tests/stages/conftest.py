@@ -2,6 +2,8 @@
 run once per session on them (``feature_run``), shared by the stage tests that read its outputs."""
 from __future__ import annotations
 
+import copy
+import math
 import re
 import shutil
 from pathlib import Path
@@ -10,6 +12,15 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+# the attack on every protocol at S = 5 and S = n, random and fixed t, K = 1 and 3 (FedBary with its federated
+# barycenter); DP FedWaD at S = n with a public t (ε = 10 and no noise) and DP clustering of 4 clients
+PRIVACY = {"federation": "pairs", "pca_components": 4, "pairs": [[0, 1]], "supports": [5, "n"],
+           "times": ["random", 0.5], "iterations": [1, 3], "per_round_distances": [False],
+           "fedbary_validation": [False], "validation_samples": 20, "seeds": 1,
+           "dp": {"epsilons": [10.0, math.inf], "supports": ["n"], "times": [0.5], "iterations": 2, "seeds": 1,
+                  "clustering_clients": 4}}
 
 
 def tiny_params(root: Path) -> dict:
@@ -39,6 +50,7 @@ def tiny_params(root: Path) -> dict:
             "coresets": {"federations": ["pairs"], "points": [3], "pca_components": 8, "seeds": 2,
                          "coreset": {"epochs": 4, "clients_per_epoch": 3,
                                      "fedwad": {"support_size": 6, "iterations": 2}}},
+            "privacy": copy.deepcopy(PRIVACY),
         },
     }
 
