@@ -601,6 +601,57 @@ quote("claims: FedBary scaling", "{} clients × {} samples, S = {}: {} s / {} s,
                  r.csv(SCALING_FIT).query("clock == 'wall'")["r2"].min()])
 
 
+ATTACK = "reports/fed_distance/privacy_attack.csv"
+DP = "reports/fed_distance/privacy_dp.csv"
+DP_CLUSTERING = "reports/fed_distance/privacy_dp_clustering.csv"
+
+
+def attacked(r: Reports, column: str, **cell: object) -> float:
+    """The mean of ``column`` over the attack runs of one cell (protocol, support, t, iterations, …)."""
+    rows = r.csv(ATTACK)
+    for key, value in cell.items():
+        rows = rows[rows[key].astype(str) == str(value)]
+    if rows.empty:
+        raise LookupError(f"{ATTACK}: no run with {cell}")
+    return float(rows[column].mean())
+
+
+def dp_cell(r: Reports, column: str, epsilon: str) -> float:
+    """The mean of ``column`` over the DP runs at S = n, random t and ``epsilon`` (as the CSV writes it)."""
+    rows = r.csv(DP)
+    rows = rows[(rows["support"].astype(str) == "n") & (rows["t"] == "random") & (rows["epsilon"].astype(str) == epsilon)]
+    if rows.empty:
+        raise LookupError(f"{DP}: no run at S = n, random t, epsilon {epsilon}")
+    return float(rows[column].mean())
+
+
+def dp_ari(r: Reports, epsilon: str) -> float:
+    rows = r.csv(DP_CLUSTERING)
+    return float(rows[(rows["method"] == "affinity") & (rows["epsilon"].astype(str) == epsilon)]["ari"].iloc[0])
+
+
+FEDWAD_DEFENCES = dict(protocol="fedwad", interpolation="approx", t="random", iterations=10, distances="last")
+quote("claims: FedWaD privacy", "S = n: the server recovers {}% of a client's samples under both defences (the attack "
+      "reads t off the interpolants' means, K = {}); S = 50: {}% (non-members {}%); S = 10: {}% (non-members {}%)",
+      f"{ATTACK}, reports/fed_distance/metrics.json",
+      lambda r: [100 * r.json("reports/fed_distance/metrics.json")["privacy"]["fedwad_recovered_paper_defences_S_n"],
+                 FEDWAD_DEFENCES["iterations"],
+                 100 * attacked(r, "recovered_fraction", support=50, **FEDWAD_DEFENCES),
+                 100 * attacked(r, "non_member_fraction", support=50, **FEDWAD_DEFENCES),
+                 100 * attacked(r, "recovered_fraction", support=10, **FEDWAD_DEFENCES),
+                 100 * attacked(r, "non_member_fraction", support=10, **FEDWAD_DEFENCES)])
+quote("claims: FedBary privacy", "S = n, random t, Q the federated barycenter: {}% recovered, labels up to naming "
+      "(ARI {})", ATTACK,
+      lambda r: [100 * attacked(r, "recovered_fraction", protocol="fedbary", support="n", t="random", iterations=10,
+                                validation=False, distances="every round"),
+                 attacked(r, "label_ari", protocol="fedbary", support="n", t="random", iterations=10,
+                          validation=False, distances="every round")])
+quote("claims: DP FedWaD", "the relative error at S = n, random t is {} at ε = 1e5 (no DP: {}) and clustering ARI {} "
+      "(no DP: {})", f"{DP}, {DP_CLUSTERING}",
+      lambda r: [dp_cell(r, "rel_error", "100000.0"), dp_cell(r, "fedwad_rel_error", "100000.0"),
+                 dp_ari(r, "100000.0"), dp_ari(r, "inf")])
+
+
 def min_max(values: Iterator[float] | Sequence[float]) -> list[float]:
     values = list(values)
     return [min(values), max(values)]
