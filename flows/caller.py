@@ -125,3 +125,23 @@ def outlived_by_none(pids: list[int], poll_s: float = POLL_S) -> subprocess.Pope
 
     atexit.register(stop)  # runs before the server's own stop (last in, first out), which then ends it as usual
     return watchdog
+
+
+_ARMED: list[Lifeline] = []
+
+
+def arm(lifeline: Lifeline) -> Lifeline:
+    """Make ``lifeline`` the one :func:`armed` returns (the stage's, for code that must not hold it itself)."""
+    _ARMED[:] = [lifeline]
+    return lifeline
+
+
+def armed() -> Lifeline | None:
+    """The lifeline :func:`arm` set, None after :func:`disarm`. A Prefect flow function reads it through this
+    function instead of closing over it: Dask pickles the flow function by value with the stage's tasks, and
+    a lifeline (a thread, an event's lock) cannot be pickled."""
+    return _ARMED[0] if _ARMED else None
+
+
+def disarm() -> None:
+    _ARMED.clear()

@@ -46,7 +46,7 @@ import pandas as pd
 import yaml
 
 from flows import project, runners, tracking
-from flows.caller import CallerGone, Lifeline, outlived_by_none
+from flows.caller import CallerGone, Lifeline, arm, armed, disarm, outlived_by_none
 from flows.redaction import RedactingFormatter, redact
 from otfed import io
 from otfed.cpu_kernels import hold_torch_kernels, kernels_in_use, portability_gaps
@@ -497,11 +497,12 @@ def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list
             print(f"{params_path}: restored as it was before this experiment's -S values", file=sys.stderr)
         return 2
     with interrupts_raise() as received:  # before prefect starts any thread or server
-        lifeline = Lifeline().start()  # SIGTERM once the caller is gone (the handler above is in place)
+        lifeline = arm(Lifeline().start())  # SIGTERM once the caller is gone (the handler above is in place)
         try:
             status = _run_flow(the_stage, p, verbose, received, lifeline)
         finally:
             lifeline.stop()
+            disarm()
     if status in (130, 143) and argv_is_program(argv):
         exit_now(the_stage, status)
     return status
@@ -551,7 +552,9 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], life
     def stage_flow(params: dict[str, Any]) -> dict[str, Any]:
         accept_interrupts()  # the temporary server is up (and immune to the group's SIGINT)
         outlived_by_none(temporary_servers())  # a SIGKILLed stage leaves no server behind
-        return run_stage(the_stage, p, lifeline)  # ``params`` is what the Prefect UI shows; p is validated
+        # ``params`` is what the Prefect UI shows; p is validated. The lifeline comes through armed(), never
+        # held here: Dask pickles this function by value with the tasks, and a lifeline's lock cannot be pickled
+        return run_stage(the_stage, p, armed())
 
     # tasks still running when a stage fails or is interrupted finish before the interpreter exits (threads
     # cannot be stopped) and may write into a staging folder already removed: remove it at the very end
