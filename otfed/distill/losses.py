@@ -88,6 +88,20 @@ def _checked_weights(
     return w
 
 
+def _teachers_of(student_probs: torch.Tensor, teacher_probs: torch.Tensor, reduction: str) -> torch.Tensor:
+    """The teachers' probabilities as B×K×C (one teacher may come as B×C), checked against the student's B×C and
+    ``reduction``; ValueError naming what is wrong."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+    if teacher_probs.ndim == 2:
+        teacher_probs = teacher_probs[:, None, :]
+    if student_probs.ndim != 2 or teacher_probs.ndim != 3 or teacher_probs.shape[0] != student_probs.shape[0] \
+            or teacher_probs.shape[-1] != student_probs.shape[-1]:
+        raise ValueError(f"need student B×C and teachers B×K×C, got {tuple(student_probs.shape)} and "
+                         f"{tuple(teacher_probs.shape)}")
+    return teacher_probs
+
+
 def ensemble_loss(
     student_probs: torch.Tensor,
     teacher_probs: torch.Tensor,
@@ -121,14 +135,7 @@ def ensemble_loss(
     """
     if kind not in KINDS:
         raise ValueError(f"unknown loss kind {kind!r}; allowed: {', '.join(KINDS)}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
-    if teacher_probs.ndim == 2:
-        teacher_probs = teacher_probs[:, None, :]
-    if student_probs.ndim != 2 or teacher_probs.ndim != 3 or teacher_probs.shape[0] != student_probs.shape[0] \
-            or teacher_probs.shape[-1] != student_probs.shape[-1]:
-        raise ValueError(f"need student B×C and teachers B×K×C, got {tuple(student_probs.shape)} and "
-                         f"{tuple(teacher_probs.shape)}")
+    teacher_probs = _teachers_of(student_probs, teacher_probs, reduction)
     B, K, _ = teacher_probs.shape
     if kind == "sinkhorn":
         if cost is None or eps is None:
@@ -185,14 +192,7 @@ def mixture_sinkhorn_loss(
     >>> round(float(ensemble_loss(mixture, teachers, cost=LabelSpace.for_task("sa"), eps=1e-3)), 3)  # eq. 3
     0.444
     """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
-    if teacher_probs.ndim == 2:
-        teacher_probs = teacher_probs[:, None, :]
-    if student_probs.ndim != 2 or teacher_probs.ndim != 3 or teacher_probs.shape[0] != student_probs.shape[0] \
-            or teacher_probs.shape[-1] != student_probs.shape[-1]:
-        raise ValueError(f"need student B×C and teachers B×K×C, got {tuple(student_probs.shape)} and "
-                         f"{tuple(teacher_probs.shape)}")
+    teacher_probs = _teachers_of(student_probs, teacher_probs, reduction)
     if cost is None or eps is None:
         raise ValueError("the mixture sinkhorn loss needs the label cost (C×C tensor or LabelSpace) and eps")
     if isinstance(cost, LabelSpace):
