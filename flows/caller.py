@@ -16,10 +16,8 @@ is not the caller.
 """
 from __future__ import annotations
 
-import atexit
 import os
 import signal
-import subprocess
 import threading
 from dataclasses import dataclass
 
@@ -101,30 +99,6 @@ class Lifeline:
         if self.process is not None and not self.process.alive():
             raise CallerGone(f"the process that started this stage ({self.process.name}, pid {self.process.pid}) "
                              "has exited: outputs not swapped in")
-
-
-def outlived_by_none(pids: list[int], poll_s: float = POLL_S) -> subprocess.Popen | None:
-    """A watchdog that terminates ``pids`` (e.g. the temporary Prefect server this stage started) once this
-    process is gone — also after SIGKILL or the OOM killer, when no handler and no ``atexit`` runs. The watchdog
-    is a shell loop (``kill -0`` on this pid about once a second); when this process ends normally an exit
-    handler stops the watchdog and the servers shut down as they always do. Returns the watchdog (None for no
-    pids)."""
-    if not pids:
-        return None
-    me = os.getpid()
-    targets = " ".join(str(int(pid)) for pid in pids)
-    script = (f"while kill -0 {me} 2>/dev/null; do sleep {poll_s}; done; "
-              f"kill -TERM {targets} 2>/dev/null; sleep 5; kill -KILL {targets} 2>/dev/null; exit 0")
-    watchdog = subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-
-    def stop() -> None:
-        if watchdog.poll() is None:
-            watchdog.kill()
-            watchdog.wait()
-
-    atexit.register(stop)  # runs before the server's own stop (last in, first out), which then ends it as usual
-    return watchdog
 
 
 _ARMED: list[Lifeline] = []

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from flows.prefect_server import project_api
 from flows.project import project_root
 from flows.stage import configure_prefect_environment, failure_lines
 from otfed.errors import ConfigError
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                        parameters={"stages": args.stages or None, "set_params": overrides or None})
         return 0
     try:
-        pipeline(stages=args.stages or None, set_params=overrides or None, force=args.force)
+        with project_api():  # the pipeline's flow run and every stage's on the project's one server
+            pipeline(stages=args.stages or None, set_params=overrides or None, force=args.force)
     except RuntimeError as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1

@@ -31,8 +31,10 @@ clients become Dask actors, the server's per-client computations Dask tasks (``b
 
 **Remote workers** need the same code and data at the same paths as the machine that starts the stage
 (run them from a checkout of the same commit, with ``data/`` in place — e.g. a shared file system), and a
-Prefect API they can reach: a stage's temporary Prefect server listens on 127.0.0.1 only, so for workers
-on other hosts start a real server and export ``PREFECT_API_URL`` (README, "Scaling out").
+Prefect API they can reach. A stage's tasks carry its Prefect settings to the workers, so workers on this
+machine report to the project's Prefect server (:mod:`flows.prefect_server`) instead of starting one each;
+that server listens on 127.0.0.1 only, so for workers on other hosts start a real server and export
+``PREFECT_API_URL`` (README, "Scaling out").
 
 **One BLAS thread per task.** Dask worker processes start with one BLAS / OpenMP thread each
 (``distributed``'s default ``OMP_NUM_THREADS=1``), and a stage's own process runs its numpy BLAS with one
@@ -66,6 +68,10 @@ TASKS_PER_WORKER = 4
 # 32 MiB mmap threshold gives back in-process speed and keeps Dask's memory trimming. Started by a stage
 # (local cluster) it is set here; for `dask worker` see the README.
 WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+# Dask's configuration variables that give a stage's process (a Dask client) the cluster's CA and its own
+# certificate and key for a ``tls://`` scheduler
+TLS_VARIABLES = ("DASK_DISTRIBUTED__COMM__TLS__CA_FILE", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT",
+                 "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY")
 
 
 def task_runner(kind: str, max_workers: int, dask_address: str | None = None) -> Any:
@@ -164,15 +170,30 @@ def describe(kind: str, max_workers: int, dask_address: str | None) -> str:
 def check_dask_address(address: str, timeout: float = 10.0) -> int:
     """Connect to the Dask scheduler at ``address``; the number of workers it has.
 
-    Raises ConfigError (naming ``run.dask_address``) when nothing answers there within ``timeout`` seconds
-    or the scheduler has no worker (the stage's tasks would wait forever)."""
+    Raises ConfigError (naming ``run.dask_address``) when nothing answers there within ``timeout`` seconds,
+    when a ``tls://`` scheduler cannot be reached with this machine's TLS settings (naming the variables that
+    give Dask the CA and the client certificate), or when the scheduler has no worker (the stage's tasks would
+    wait forever)."""
     from distributed import Client
 
     key = "params.yaml: run.dask_address"
+    tls_hint = (f"give this machine the cluster's CA and a client certificate: {', '.join(TLS_VARIABLES)} "
+                "(README, \"Scaling out\")")
+    if address.startswith("tls://"):
+        from distributed.security import Security
+
+        if Security().get_connection_args("client").get("ssl_context") is None:  # nothing to connect with
+            raise ConfigError(f"{key}: cannot connect to {address!r} over TLS: Dask has no TLS settings here; "
+                              + tls_hint)
     try:
         with Client(address, timeout=timeout, set_as_default=False) as client:
             workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, TypeError, ValueError) as exc:
+        if address.startswith("tls://"):  # e.g. a certificate the scheduler refuses
+            raise ConfigError(f"{key}: cannot connect to {address!r} over TLS ({type(exc).__name__}: {exc}); "
+                              + tls_hint) from None
+        if not isinstance(exc, (OSError, TimeoutError)):
+            raise
         raise ConfigError(f"{key}: no Dask scheduler answers at {address!r} within {timeout:g} s "
                           f"({type(exc).__name__}: {exc}); start one (`dask scheduler`) or set "
                           "run.dask_address: null for a local cluster") from None

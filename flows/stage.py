@@ -17,12 +17,15 @@
    :class:`~otfed.errors.OtfedError` — bad data, degenerate client —, 1 for anything else); the full
    traceback goes to the stage's log file (``.prefect/logs/<stage>.log``) and, with ``--verbose``, to the
    console with Prefect's own logs;
-5. Ctrl-C / SIGTERM end the MLflow run as KILLED and the Prefect flow run as crashed, stop the temporary
-   Prefect server and keep the previous outputs (exit 130 / 143). The outputs are ``persist: true`` in
+5. Ctrl-C / SIGTERM end the MLflow run as KILLED and the Prefect flow run as crashed and keep the previous
+   outputs (exit 130 / 143). The outputs are ``persist: true`` in
    ``dvc.yaml``, so DVC does not delete them before the command runs either. Tasks still running in threads
    are not waited for: the process exits as soon as it has cleaned up;
 6. the stage answers to its caller (:mod:`flows.caller`): when the process that started it (``dvc``) exits,
-   the stage stops as if it had received SIGTERM, and it never swaps its outputs in after its caller is gone.
+   the stage stops as if it had received SIGTERM, and it never swaps its outputs in after its caller is gone;
+7. the flow runs against the project's one Prefect server (:mod:`flows.prefect_server`), started by the first
+   stage that needs it, found again by the next, used by the stage's Dask workers too, and stopped once no
+   stage has used it for a minute — also when the last one was SIGKILLed (or the user's ``PREFECT_API_URL``).
 
 Outside a Prefect flow (tests, notebooks) :func:`run_stage` runs the jobs in order in-process: no server.
 """
@@ -45,8 +48,8 @@ from typing import Any, Iterator, Mapping
 import pandas as pd
 import yaml
 
-from flows import project, runners, tracking
-from flows.caller import CallerGone, Lifeline, arm, armed, disarm, outlived_by_none
+from flows import prefect_server, project, runners, tracking
+from flows.caller import CallerGone, Lifeline, arm, armed, disarm
 from flows.redaction import RedactingFormatter, redact
 from otfed import io
 from otfed.cpu_kernels import hold_torch_kernels, kernels_in_use, portability_gaps
@@ -59,9 +62,9 @@ from stages.stage import committed_table, wall_time_columns
 log = logging.getLogger("otfed.stage")
 
 
-# the temporary Prefect server's start-up ceiling when the user has set none: generous, so that a slow or loaded
-# machine (the server needs ~9–14 s on an idle one) never fails a run on a timer; the causes a timeout used to
-# mask (a full disk, a read-only output folder, a missing input) are found by the preflight before it starts
+# a temporary Prefect server's start-up ceiling when the user has set none (stages use the project's server,
+# flows/prefect_server.py, which has no start-up timeout; this covers code that falls back on Prefect's own
+# temporary server): generous, so that a slow or loaded machine never fails a run on a timer
 PREFECT_STARTUP_TIMEOUT_S = 600
 
 
@@ -70,12 +73,12 @@ def configure_prefect_environment(verbose: bool = False) -> None:
     shows Prefect's own logs only with ``verbose`` (the runner prints progress and errors itself).
     Call before importing prefect.
 
-    The temporary Prefect server may take up to ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` to start:
-    :data:`PREFECT_STARTUP_TIMEOUT_S` (600 s) unless the user set it. No fixed start-up timeout decides a run:
-    the ceiling is far above the server's usual ~9–14 s, and what used to make it time out — a full disk, a
-    read-only output folder, a missing input or checkpoint — is reported by the preflight first
-    (:func:`stages.stage.preflight`), before any server starts. Every variable set here keeps a value the user
-    has set."""
+    No start-up timeout decides a run: a stage waits for the project's Prefect server as long as it lives
+    (:mod:`flows.prefect_server`), and a temporary server of Prefect's own, should one be started, may take up
+    to :data:`PREFECT_STARTUP_TIMEOUT_S` (600 s; ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``). What
+    used to make servers time out — a full disk, a read-only output folder, a missing input or checkpoint — is
+    reported by the preflight first (:func:`stages.stage.preflight`), before any server starts. Every variable
+    set here keeps a value the user has set."""
     os.environ.setdefault("PREFECT_HOME", str(project.prefect_home()))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
@@ -367,14 +370,13 @@ def record_kernels(label: str, run: tracking.TrackedRun) -> None:
 @contextmanager
 def interrupts_raise() -> Iterator[list[str]]:
     """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread, so every ``finally`` runs: the MLflow
-    run ends KILLED, the staging folders are removed, Prefect marks the flow run crashed and stops its
-    temporary server (no orphan process). Yields the names of the signals received (a failure after one is
+    run ends KILLED, the staging folders are removed, Prefect marks the flow run crashed. Yields the names of the signals received (a failure after one is
     an interruption, whatever it raised). The previous handlers are restored afterwards.
 
-    Ctrl-C sends SIGINT to the whole process group, the temporary Prefect server included: SIGINT is blocked
-    on entry — every thread and process started inside inherits the block, so the server outlives the
-    interrupt and records the crash — and :func:`accept_interrupts` unblocks it for the main thread once the
-    flow is running."""
+    Ctrl-C sends SIGINT to the whole process group: SIGINT is blocked on entry — every thread and process
+    started inside inherits the block (the project's Prefect server runs in a session of its own anyway) — and
+    :func:`accept_interrupts` unblocks it for the main thread once the flow is running, so the interrupt
+    arrives where the handler can record it."""
     received: list[str] = []
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -521,24 +523,14 @@ def argv_is_program(argv: list[str] | None) -> bool:
 def exit_now(the_stage: Stage, status: int) -> None:
     """End an interrupted stage's process now: task threads still computing (threads cannot be stopped) would
     otherwise keep it alive for minutes, reparented to init (the interpreter joins them before it exits). The
-    MLflow run has ended KILLED by then; the exit handlers still run — they stop the temporary Prefect server
-    and remove the staging folders — and only the wait for the task threads is skipped."""
+    MLflow run has ended KILLED by then; the exit handlers still run — the stage stops being a user of the
+    project's Prefect server and the staging folders are removed — and only the wait for the task threads is
+    skipped."""
     atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def temporary_servers() -> list[int]:
-    """The pids of the temporary Prefect servers this process started (Prefect keeps them in
-    ``SubprocessASGIServer._instances``, a private registry: none found if that ever changes)."""
-    try:
-        from prefect.server.api.server import SubprocessASGIServer
-    except ImportError:
-        return []
-    instances = getattr(SubprocessASGIServer, "_instances", {}) or {}
-    return [s.server_process.pid for s in instances.values() if getattr(s, "server_process", None) is not None]
 
 
 def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], lifeline: Lifeline | None = None) -> int:
@@ -550,8 +542,7 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], life
     _quiet_console(verbose)
 
     def stage_flow(params: dict[str, Any]) -> dict[str, Any]:
-        accept_interrupts()  # the temporary server is up (and immune to the group's SIGINT)
-        outlived_by_none(temporary_servers())  # a SIGKILLed stage leaves no server behind
+        accept_interrupts()  # the flow runs: an interrupt now ends it as crashed
         # ``params`` is what the Prefect UI shows; p is validated. The lifeline comes through armed(), never
         # held here: Dask pickles this function by value with the tasks, and a lifeline's lock cannot be pickled
         return run_stage(the_stage, p, armed())
@@ -564,7 +555,7 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], life
     run_tags = ["otfed", f"stage:{the_stage.name}"] + ([f"pipeline:{pipeline_run}"] if pipeline_run else [])
     with _log_to_file(the_stage.name) as log_file:
         try:
-            with tags(*run_tags):
+            with prefect_server.project_api(say=lambda line: announce(the_stage.name, line)), tags(*run_tags):
                 flow(name=the_stage.name, validate_parameters=False, task_runner=runner,
                      description=description(the_stage))(stage_flow)(params_read(p, the_stage))
         except BaseException as exc:

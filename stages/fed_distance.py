@@ -252,6 +252,34 @@ def check_privacy(p: Params) -> None:
         raise ValueError(f"{key}.dp.clustering_clients: 0 (off) or at least 2 clients")
 
 
+def federations_read(p: Params) -> list[str]:
+    """The federations the stage reads from ``data/partitions``: OTDD's, the clustering ones, the coresets'
+    and the privacy one (when on), each once, in that order."""
+    fd = p.fed_distance
+    names = [fd.otdd.federation, *fd.clustering.federations]
+    names += fd.coresets.federations if fd.coresets is not None else []
+    names += [fd.privacy.federation] if fd.privacy is not None else []
+    return list(dict.fromkeys(names))
+
+
+def inputs(p: Params) -> list[Path]:
+    """The partition files of :func:`federations_read` (checked to exist before :func:`preflight`)."""
+    return [Path(layout.PARTITIONS) / f"{name}.npz" for name in federations_read(p)]
+
+
+def preflight(p: Params) -> None:
+    """Every federation read holds what the partition format declares (labels, client indices, lengths,
+    shapes, the manifest's sizes), and the OTDD and clustering federations have two usable clients — before
+    any server starts (DataError / DegenerateClientError naming the file or the federation otherwise)."""
+    fd = p.fed_distance
+    compared = {fd.otdd.federation: fd.otdd.diagonal,
+                **{name: fd.clustering.diagonal for name in fd.clustering.federations}}
+    for name in federations_read(p):
+        fed = load_federation(name, layout.PARTITIONS)
+        if name in compared:
+            roster_of(fed, compared[name])
+
+
 # -------------------------------------------------------------------------------------------- jobs
 @dataclass(frozen=True)
 class Roster:
@@ -1284,7 +1312,7 @@ def privacy_clustering_table(cfg: ClusteringParams, results: list[dict[str, Any]
     return pd.DataFrame(rows)
 
 
-STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check,
+STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check, preflight=preflight, inputs=inputs,
               headline=("toy.fedwad_approx_S100_*_rel_error",  # fig. 2: error at the largest S, n = max_n
                         "toy.support_needed_*",  # the S at which the error falls below 5% (n = convergence_n)
                         "toy.convergence_gap_d50_approx_S300_*",  # fig. 3: fixed t = 0.5 stalls, random t not

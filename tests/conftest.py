@@ -27,6 +27,9 @@ from tests.ceilings import ceiling
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # a stage flow run in this process starts a temporary Prefect server: its start-up ceiling scales like the tests'
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(round(ceiling(600))))
+# a stage run in this process starts its project's Prefect server (flows/prefect_server.py) in a throw-away
+# folder: let it stop 5 s after the test instead of the default minute (many tests, many throw-away projects)
+os.environ.setdefault("OTFED_PREFECT_IDLE_S", "5")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -111,8 +111,10 @@ def test_stages_do_not_reach_into_each_other() -> None:
 
 # benchmarks of the pipeline itself (not of the library): bench/scale_out.py times the stage runner's task
 # runners on a stage's own jobs; fedbary_scale_out.py runs FedBary on the pipeline's Dask workers
-# (flows.runners.DaskWorkers); worker_environ.py times the environment flows.runners gives Dask workers
-PIPELINE_BENCHES = {"scale_out.py", "fedbary_scale_out.py", "worker_environ.py", "blas_threads.py"}
+# (flows.runners.DaskWorkers); worker_environ.py times the environment flows.runners gives Dask workers;
+# prefect_startup.py times the project's Prefect server (flows.prefect_server) against Prefect's temporary one
+PIPELINE_BENCHES = {"scale_out.py", "fedbary_scale_out.py", "worker_environ.py", "blas_threads.py",
+                    "prefect_startup.py"}
 
 
 def test_bench_uses_the_library_only() -> None:

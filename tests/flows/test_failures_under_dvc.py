@@ -20,6 +20,7 @@ import mlflow
 import psutil
 import pytest
 
+from flows import prefect_server
 from tests.ceilings import ceiling, completed, finished, wait_until
 from tests.integration.support import REPO, clean_env, git, stage_repository
 from tests.stages.conftest import tiny_params
@@ -27,7 +28,7 @@ from tests.stages.conftest import tiny_params
 pytestmark = pytest.mark.integration
 
 # ceilings (tests/ceilings.py), several times the durations on a loaded 2-core machine: idle, a DVC command that
-# runs the stage takes ~10-30 s, a stopped stage and its temporary Prefect server exit within seconds
+# runs the stage takes ~10-30 s, a stopped stage exits within seconds
 DVC_S = 600
 STOP_S = 300
 MEETING = REPO / "tests" / "integration" / "meeting_stage.py"  # holds a stage still once its MLflow run is open
@@ -137,7 +138,7 @@ def test_a_stage_killed_mid_run_loses_nothing_and_leaves_no_process(project: Pat
     assert _snapshot(project) == before
     assert not list(project.glob("**/.*.staging")), "a staging folder was left behind"
     wait_until(lambda: not _session_processes(proc.pid), "the stage's processes to exit (one left is an orphan, "
-               "e.g. the temporary Prefect server)", STOP_S, poll=0.2,
+               "e.g. a Dask worker)", STOP_S, poll=0.2,
                details=lambda: "\n".join(_session_processes(proc.pid)))
     assert _runs(project)[0].info.status == "KILLED"  # the MLflow run does not stay RUNNING
 
@@ -177,15 +178,16 @@ def test_a_stage_whose_dvc_is_killed_stops_and_swaps_nothing_in(project: Path) -
 
 def test_a_stage_killed_by_sigkill_leaves_no_server_and_the_next_run_cleans_up(project: Path,
                                                                                tmp_path: Path) -> None:
-    """SIGKILL (the OOM killer) runs no handler: the temporary Prefect server must still not outlive the stage
-    (a watchdog ends it), and the next run marks the killed run KILLED in MLflow and removes a staging folder
-    left behind; the committed outputs stay byte-identical throughout. The stage is held still once its MLflow run
-    is open (tests/integration/meeting_stage.py waiting for a second run that never comes), so the kill always
-    lands mid-run."""
+    """SIGKILL (the OOM killer) runs no handler: the project's Prefect server must still not outlive the stage
+    by more than its idle time (its keeper sees its only user gone), and the next run marks the killed run
+    KILLED in MLflow and removes a staging folder left behind; the committed outputs stay byte-identical
+    throughout. The stage is held still once its MLflow run is open (tests/integration/meeting_stage.py waiting
+    for a second run that never comes), so the kill always lands mid-run."""
     before = _snapshot(project)
     shutil.copy2(MEETING, project / MEETING.name)
     (tmp_path / "meeting").mkdir()
-    env = clean_env(MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2", MEETING_TIMEOUT_S=str(ceiling(STOP_S)))
+    env = clean_env(MEETING_DIR=str(tmp_path / "meeting"), MEETING_SIZE="2", MEETING_TIMEOUT_S=str(ceiling(STOP_S)),
+                    OTFED_PREFECT_IDLE_S="1")
     proc = subprocess.Popen([sys.executable, MEETING.name, "partition"], cwd=project, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -194,8 +196,10 @@ def test_a_stage_killed_by_sigkill_leaves_no_server_and_the_next_run_cleans_up(p
         assert proc.poll() is None, "the stage exited before it was killed"
         proc.kill()
         proc.wait()
-        wait_until(lambda: not _session_processes(proc.pid), "the temporary Prefect server to exit after its "
-                   "stage was SIGKILLed", STOP_S, poll=0.2, details=lambda: "\n".join(_session_processes(proc.pid)))
+        wait_until(lambda: not _session_processes(proc.pid), "the stage's processes to exit after it was "
+                   "SIGKILLed", STOP_S, poll=0.2, details=lambda: "\n".join(_session_processes(proc.pid)))
+        wait_until(lambda: prefect_server.read_record(project / ".prefect") is None, "the project's Prefect server "
+                   "to stop once its only user was SIGKILLed", STOP_S, poll=0.2)
     finally:
         (project / MEETING.name).unlink()
     assert _snapshot(project) == before

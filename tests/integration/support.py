@@ -21,6 +21,9 @@ BIN = Path(sys.executable).parent  # this virtual environment's commands: dvc, m
 # how long a stage run in a child process may wait for its temporary Prefect server to start (~10 s when idle;
 # flows/stage.py's default, 120 s, can kill a stage on a saturated machine): a ceiling, scaled like the tests' own
 PREFECT_STARTUP_S = 600
+# the project's Prefect server of a throw-away project stops this long after its last stage (the default, a
+# minute, would keep one per test module alive long after its tests)
+PREFECT_IDLE_S = "15"
 
 
 def free_port(server: str) -> int:
@@ -38,11 +41,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a child process: no PREFECT_ / MLFLOW_ / OTFED_ / DVC_ setting of the caller (tests
     may have set some), this virtual environment first on PATH, no analytics, no bytecode files, a temporary
     Prefect server's start-up ceiling of ``ceiling(PREFECT_STARTUP_S)`` (a stage it runs must not die of a slow
-    start under load); plus ``extra``."""
+    start under load), the project server's idle time :data:`PREFECT_IDLE_S`; plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "OTFED_", "DVC_"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONDONTWRITEBYTECODE="1",
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(math.ceil(ceiling(PREFECT_STARTUP_S))), **extra)
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(math.ceil(ceiling(PREFECT_STARTUP_S))),
+               OTFED_PREFECT_IDLE_S=PREFECT_IDLE_S)
+    env.update(extra)
     return env
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -65,6 +66,19 @@ def _stage(root: Path, name: str) -> subprocess.CompletedProcess:
                      env=_env(root))
 
 
+def _prefect_servers_under(pid: int) -> list[str]:
+    """The Prefect API servers among the descendants of process ``pid`` (a worker that found no API to report
+    to would start a temporary one and keep it until it exits)."""
+    out = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "prefect.server.api.server:create_app" in " ".join(child.cmdline()):
+                out.append(f"{child.pid} {' '.join(child.cmdline())}")
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
 def _files(root: Path, folders: list[str]) -> dict[str, bytes]:
     return {str(f.relative_to(root)): f.read_bytes() for folder in folders
             for f in sorted((root / folder).rglob("*")) if f.is_file()}
@@ -112,7 +126,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             except TimeoutError:
                 pytest.fail(hit("2 Dask workers to join the scheduler", CLUSTER_START_S,
                                 tail(logs["workers"].read_text())))
-        yield root, address
+        yield root, address, procs[1]
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -129,7 +143,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 ])
 def test_a_stage_gives_the_same_outputs_on_every_runner(cluster, name: str, folders: list[str],
                                                         runners: tuple[str, ...]) -> None:
-    root, address = cluster
+    root, address, workers = cluster
     outputs = {}
     for runner in runners:
         _write_params(root, runner, address if runner == "dask" else None)
@@ -139,6 +153,8 @@ def test_a_stage_gives_the_same_outputs_on_every_runner(cluster, name: str, fold
         assert f"tasks on {on}" in done.stderr
         assert "off the portable CPU kernels" not in done.stderr, done.stderr  # workers hold them too
         outputs[runner] = _files(root, folders)
+        if runner == "dask":  # the workers reported to the stage's Prefect server instead of starting their own
+            assert not _prefect_servers_under(workers.pid)
     assert outputs["sequential"], "the stage wrote nothing"
     for runner in runners[1:]:
         assert outputs[runner].keys() == outputs["sequential"].keys()
@@ -161,7 +177,7 @@ def test_an_address_that_does_not_answer_is_one_error_line_and_writes_nothing(tm
 def test_a_worker_that_dies_fails_the_stage_with_the_task_named_and_keeps_the_outputs(cluster) -> None:
     """The job ``doomed`` kills its worker process; Dask retries it once on a restarted worker, then gives
     up (``KilledWorker``): the stage exits non-zero naming the task, the previous reports stay as they were."""
-    root, address = cluster
+    root, address, _ = cluster
     _write_params(root, "dask", address)
     before = _files(root, ["reports/partition", "data/partitions"])
     done = completed([sys.executable, str(Path(__file__).with_name("dying_stage.py"))], "the dying stage to exit",

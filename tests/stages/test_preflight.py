@@ -38,18 +38,29 @@ FEDBARY = {"support_size": 5, "iterations": 2}
 SA = {"dataset": "amazon_categories", "locals": ["cell_phones", "digital_music"], "global_party": "baby",
       "transfer": "grocery_food", "max_train": 30, "max_eval": 10, "max_transfer": 20}
 BOW = {"kind": "bow", "layers": 1, "hidden": 16, "max_length": 24, "vocab_size": 200}
-STAGES = ("partition", "train_teachers", "estimate_bias", "distill", "barycenter_valuation", "noisy_removal")
+STAGES = ("partition", "train_teachers", "estimate_bias", "distill", "fed_distance", "barycenter_valuation",
+          "noisy_removal")
+BENCH = {"scheme": "by_dataset", "datasets": ["mnist", "usps"], "samples_per_client": 80, "image_size": 28,
+         "val_fraction": 0.0}
 
 
 def preflight_params() -> dict:
     """Both tracks on tiny data: the federation c1 (5 clients × 12 rows) and the text task sa (3 parties)."""
     return {
         "run": {"seed": 0, "device": "cpu", "task_runner": "sequential", "max_workers": 1},
-        "partition": {"data_dir": str(REPO / "data" / "raw"), "federations": {"c1": FED},
+        "partition": {"data_dir": str(REPO / "data" / "raw"), "federations": {"c1": FED, "bench": BENCH},
                       "text": {"tasks": {"sa": SA}}},
         "train_teachers": {"tasks": ["sa"], "model": BOW, "training": {"epochs": 1, "batch_size": 16}},
         "estimate_bias": {"n_texts": 10, "text_length": 5, "batch_size": 8},
         "distill": {"epochs": 1, "seeds": 1},
+        "fed_distance": {
+            "toy": {"n_values": [20], "supports": [2], "ratios": [1], "dims": [2], "iterations": 2,
+                    "exact_interp_max_n": 20, "repeats": 1, "convergence_n": 20, "sweep_supports": [5]},
+            "otdd": {"federation": "bench", "fedwad": {"support_size": 5, "iterations": 2}},
+            "clustering": {"federations": ["bench"], "n_clusters": 2, "neighbors": [1],
+                           "fedwad": {"support_size": 5, "iterations": 2}},
+            "clustered_fl": None,
+        },
         "barycenter_valuation": {
             "pca_components": 4, "fedbary": FEDBARY,
             "contributions": {"federations": ["c1"], "validation_samples": 20, "monte_carlo_permutations": 2,
@@ -148,6 +159,19 @@ def test_label_99_is_named_with_its_client(ws: Path, capsys: pytest.CaptureFixtu
     row = 3 * 12 + 2
     assert fails_before_the_flow(ws, "noisy_removal", capsys) == (
         f"{C1}: y of client 3 (client_03): label 99 outside 0..9 (row {row})")
+
+
+def test_fed_distance_checks_every_federation_it_reads(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, fed_distance had no preflight: a bad federation surfaced inside a task, after the server
+    started (its OTDD and clustering federation with a label 99, then with its file missing)."""
+    bench = Path(layout.PARTITIONS) / "bench.npz"
+    rewrite_npz(ws / bench, lambda a: a["y"].__setitem__(0, 99))
+    assert fails_before_the_flow(ws, "fed_distance", capsys) == (
+        f"{bench}: y of client 0 (mnist): label 99 outside 0..9 (row 0)")
+    (ws / bench).unlink()
+    assert fails_before_the_flow(ws, "fed_distance", capsys) == (
+        f"{bench}: not found — an input of stage fed_distance (written by stage partition: run `dvc repro "
+        "partition`)")
 
 
 def test_a_client_index_past_the_clients_listed_is_named(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
