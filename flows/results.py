@@ -275,6 +275,19 @@ def privacy_dp(folder: Path) -> list[tuple[str, pd.DataFrame]]:
 
 
 @view
+def privacy_dp_fedbary(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    rows = _csv(folder, "privacy_dp_detection_summary.csv")
+    out = []
+    for value, what in (("auc", "detection ROC AUC of the datum values"),
+                        ("distance_rel_error", "closing distances' mean relative error against plain FedBary")):
+        table = rows.pivot_table(index="epsilon", columns="kind", values=value, sort=False)
+        out.append((f"DP FedBary, every client (ε, δ)-DP: {what} per total ε per client (no DP: plain FedBary; "
+                    "inf: clipping, no noise); mean over seeds (privacy_dp_detection_summary.csv: ± 95% CI)",
+                    table.reset_index()))
+    return out
+
+
+@view
 def fedbary_scaling(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     rows = _csv(folder, "fedbary_scaling_blas1.csv")
     table = rows.pivot_table(index="clients", columns=["target", "support"], values="seconds")

@@ -22,9 +22,10 @@ removal curves drop the most suspicious first.
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,8 @@ from otfed.fl import FedAvgConfig
 from otfed.metrics import mean_confidence_interval
 from otfed.ot import Measure
 from otfed.ot.otdd import LabelledData, augmented_measure
+from otfed.privacy.dp import DPConfig
+from otfed.privacy.dp_fedbary import dp_federated_valuation
 from otfed.schema import PositiveInt, Strict
 from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, MemoizedUtility, PermutationShapley,
                              TruncatedMonteCarloShapley, ValuationData, accuracy_utility,
@@ -62,7 +65,7 @@ OUTPUTS = (layout.VALUATION_REPORTS,)
 CONTRIBUTION_METHODS = ("fedbary_validation", "fedbary_barycenter", "exact_shapley", "leave_one_out",
                         "monte_carlo_shapley", "tmc_shapley", "one_round", "multi_round", "gtg_shapley")
 DETECTION_METHODS = ("fedbary", "lava", "knn_shapley", "leave_one_out", "random")
-KINDS = ("contributions", "outlier", "detection", "duplication")  # the kinds of job, in job order
+KINDS = ("contributions", "outlier", "detection", "duplication", "privacy")  # the kinds of job, in job order
 
 
 # ------------------------------------------------------------------------------------------ params
@@ -150,14 +153,36 @@ class DuplicationParams(Strict):
                               "original data: the estimate's seed-to-seed spread.")
 
 
+class PrivacyParams(Strict):
+    """DP FedBary (:mod:`otfed.privacy.dp_fedbary`) on the detection setting: noise of each kind planted at
+    ``rate`` on ``detection.federation``; per kind, seed and ε one DP FedBary run (every client DP, total
+    (ε, δ) per client; Q = the server's validation set) next to plain FedBary with the same seed. Reported: the
+    detection ROC AUC of the clients' datum values (computed locally against the noisier η_Q), the closing
+    distances' relative error against plain FedBary's, the ε spent.
+
+    Clip radius C: the ``clip_quantile`` quantile of the norms of the server's own augmented validation
+    samples — public to the server, fixed before any client message, not by results."""
+
+    kinds: list[Literal["label", "feature"]] = Field(["label", "feature"], min_length=1)
+    rate: float = Field(0.15, gt=0.0, lt=1.0)
+    epsilons: list[Annotated[float, Field(gt=0.0)]] = Field([1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, math.inf],
+                                                            min_length=1, description="Total ε per client; inf = no "
+                                                            "noise (FedBary on clipped records).")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0)
+    clip_quantile: float = Field(1.0, gt=0.0, le=1.0)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    seeds: int = Field(3, ge=1, le=100)
+
+
 class BarycenterValuationParams(FeatureProjection):
     """Stage ``barycenter_valuation``: contributions (fig. 4), outlier histogram, detection (fig. 5),
-    duplication robustness (table 3)."""
+    duplication robustness (table 3), DP FedBary's detection vs ε."""
 
     fedbary: FedBaryConfig = FedBaryConfig()
     contributions: ContributionParams = ContributionParams()
     detection: DetectionParams = DetectionParams()
     duplication: DuplicationParams = DuplicationParams()
+    privacy: PrivacyParams | None = Field(None, description="Off unless set: DP FedBary's detection AUC vs ε.")
 
 
 def check(p: Params) -> None:
@@ -210,8 +235,10 @@ def preflight(p: Params) -> None:
 def job_kinds(p: Params) -> list[str]:
     """The kind of every job of :func:`jobs`, in job order (the report regroups results with it)."""
     bv = p.barycenter_valuation
+    privacy = len(bv.privacy.kinds) * bv.privacy.seeds if bv.privacy is not None else 0
     return (["contributions"] * (len(bv.contributions.federations) * bv.contributions.seeds) + ["outlier"]
-            + ["detection"] * (len(bv.detection.kinds) * len(bv.detection.rates)) + ["duplication"])
+            + ["detection"] * (len(bv.detection.kinds) * len(bv.detection.rates)) + ["duplication"]
+            + ["privacy"] * privacy)
 
 
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
@@ -254,6 +281,19 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     out.append(Job(f"duplication {u.federation}", duplication_robustness, dict(
         clients=client_sets(fed), validation=validation, client=u.client, copies=u.copies,
         datum_copies=u.datum_copies, config=bv.fedbary, seed=seed, seed_repeats=u.seed_repeats)))
+    if bv.privacy is not None:
+        q = bv.privacy
+        for kind in q.kinds:
+            fed = bv.project(corrupted_federation(clean, kind, q.rate, d.noise_std, seed), seed)
+            validation, _ = server_split(fed, d.validation_samples)
+            noisy = np.concatenate([fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)])
+            radius = float(np.quantile(np.linalg.norm(augmented_measure(validation, diagonal=bv.fedbary.diagonal)
+                                                      .support, axis=1), q.clip_quantile))
+            for s in range(seed, seed + q.seeds):
+                out.append(Job(f"dp-fedbary {kind} seed {s}", dp_detection, dict(
+                    kind=kind, rate=q.rate, clients=client_sets(fed), noisy=noisy, validation=validation,
+                    config=bv.fedbary, epsilons=q.epsilons, delta=q.delta, clip_radius=radius,
+                    accountant=q.accountant, seed=s)))
     return out
 
 
@@ -459,6 +499,34 @@ def detection_setting(kind: str, rate: float, clients: list[LabelledData], noisy
     return score_rows, curve_rows
 
 
+# ------------------------------------------------------------------------------------- DP FedBary
+def dp_detection(kind: str, rate: float, clients: list[LabelledData], noisy: np.ndarray, validation: LabelledData,
+                 config: FedBaryConfig, epsilons: Sequence[float], delta: float, clip_radius: float, accountant: str,
+                 seed: int) -> list[dict[str, Any]]:
+    """Plain FedBary and one DP FedBary run per ε (:func:`~otfed.privacy.dp_fedbary.dp_federated_valuation`,
+    the same seed: the same γ^(0) and t's): per run the detection ROC AUC of the datum values (eq. 10, computed
+    by each client against its last η_Q), the closing distances' mean relative error against plain FedBary's,
+    and the ε each client spent. ``epsilon`` = nan marks the plain run."""
+    plain, seconds = timed(federated_valuation, clients, config, validation=validation, seed=seed,
+                           datum_values=True, potential=config.potential)
+    base = dict(kind=kind, rate=rate, seed=seed, clip_radius=clip_radius, delta=delta, clients=len(clients))
+    rows = [base | dict(epsilon=float("nan"), epsilon_spent=0.0, noise_multiplier=0.0, releases=0,
+                        auc=detection_auc(np.concatenate([plain.datum_values[c.name] for c in clients]), noisy),
+                        distance_rel_error=0.0, seconds=seconds)]
+    for epsilon in epsilons:
+        dp = DPConfig(epsilon=epsilon, delta=delta, clip_radius=clip_radius, accountant=accountant)
+        (result, parties), seconds = timed(dp_federated_valuation, clients, config, dp, validation=validation,
+                                           seed=seed, datum_values=True, potential=config.potential)
+        values = np.concatenate([result.datum_values[c.name] for c in clients])
+        rows.append(base | dict(epsilon=epsilon, epsilon_spent=max(c.privacy_spent()[0] for c in parties),
+                                noise_multiplier=parties[0].noise_multiplier, releases=parties[0].releases,
+                                auc=detection_auc(values, noisy),
+                                distance_rel_error=float(np.mean(np.abs(result.distances - plain.distances)
+                                                                 / plain.distances)),
+                                seconds=seconds))
+    return rows
+
+
 # ----------------------------------------------------------------------------------- duplication
 class Duplication(NamedTuple):
     """The duplication job's result: the duplicated client, the table 3 rows, the seed-to-seed spread."""
@@ -558,7 +626,8 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     return {"contributions": _contributions_report(p, by_kind["contributions"], out),
             "outlier": _outlier_report(p, by_kind["outlier"][0], out),
             "detection": _detection_report(by_kind["detection"], out),
-            "duplication": _duplication_report(p, by_kind["duplication"][0], out)}
+            "duplication": _duplication_report(p, by_kind["duplication"][0], out)} | (
+        {"privacy": _privacy_report(by_kind["privacy"], out)} if by_kind["privacy"] else {})
 
 
 def _contributions_report(p: Params, results: list[list[dict[str, Any]]], out: Report) -> dict[str, Any]:
@@ -667,6 +736,31 @@ def _duplication_report(p: Params, result: Duplication, out: Report) -> dict[str
     return summary
 
 
+def _privacy_report(results: list[list[dict[str, Any]]], out: Report) -> dict[str, Any]:
+    """privacy_dp_detection.csv (one row per kind, seed and ε; ε = nan: plain FedBary), its summary (mean ±
+    95% CI over seeds) and privacy_dp_detection.png (detection AUC and distance error vs ε)."""
+    table = pd.DataFrame([row for rows in results for row in rows])
+    out.table(table, "privacy_dp_detection.csv")
+    rows = []
+    for (kind, epsilon), sub in table.groupby(["kind", "epsilon"], sort=False, dropna=False):
+        auc, auc_ci = mean_confidence_interval(sub.auc)
+        err, err_ci = mean_confidence_interval(sub.distance_rel_error)
+        rows.append(dict(kind=kind, epsilon="no DP" if np.isnan(epsilon) else epsilon, auc=auc, auc_ci95=auc_ci,
+                         distance_rel_error=err, distance_rel_error_ci95=err_ci,
+                         epsilon_spent=float(sub.epsilon_spent.max()), seeds=len(sub)))
+    summary_table = pd.DataFrame(rows)
+    out.table(summary_table, "privacy_dp_detection_summary.csv")
+    out.figure(figs.dp_detection_figure(table), "privacy_dp_detection.png")
+    summary: dict[str, Any] = {}
+    for r in summary_table.itertuples():
+        key = "no_dp" if r.epsilon == "no DP" else ("eps_inf" if np.isinf(r.epsilon) else f"eps_{r.epsilon:g}")
+        summary[f"{r.kind}_auc_{key}"] = round(float(r.auc), 4)
+        summary[f"{r.kind}_distance_rel_error_{key}"] = round(float(r.distance_rel_error), 4)
+    with out.variant("privacy", tags={"protocol": "dp_fedbary"}) as child:
+        child.log_metrics({k: v for k, v in summary.items() if np.isfinite(v)})
+    return summary
+
+
 STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, report, check,
               preflight=preflight, inputs=inputs,
               headline=("contributions.mean_spearman.fedbary_*",  # fig. 4: rank agreement with exact Shapley
@@ -675,7 +769,8 @@ STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, 
                         "outlier.barycenter_noisy_distance", "outlier.barycenter_clean_distance_max",  # fig. 4
                         "detection.*.fedbary.auc",  # fig. 5: label / feature noise at each rate (F1 in MLflow)
                         "duplication.dataset_original_max_abs_rel_change_fedbary_validation",  # table 3
-                        "duplication.datum_most_harmful_rel_change_fedbary_validation"))
+                        "duplication.datum_most_harmful_rel_change_fedbary_validation",
+                        "privacy.*_auc_no_dp", "privacy.*_auc_eps_1", "privacy.*_auc_eps_1e+06"))  # DP FedBary
 
 if __name__ == "__main__":  # DVC: python -m stages.barycenter_valuation
     from flows.stage import main

@@ -50,7 +50,7 @@ from otfed.figures import fed_distance as figs
 from otfed.fl import PersonalizedConfig, per_cluster_accuracy
 from otfed.metrics import adjusted_rand_index, mean_confidence_interval, order_preservation
 from otfed.ot import otdd_exact, wasserstein
-from otfed.ot.otdd import LabelledData
+from otfed.ot.otdd import LabelledData, augmented_measure
 from otfed.privacy.attack import Protocol, attack_protocol
 from otfed.privacy.dp import DPConfig, dp_federated_wasserstein, gaussian_epsilon
 from otfed.schema import InterpolationTime, PositiveInt, Strict
@@ -153,6 +153,10 @@ class PrivacyDPParams(Strict):
     seeds: int = Field(3, ge=1, le=100)
     clustering_clients: int = Field(10, ge=0, description="0: no clustering; else pairwise DP FedWaD (the "
                                     "clustering group's fedwad config) between the first k usable clients.")
+    fedbary: bool = Field(True, description="Also FedBary with every client DP (otfed.privacy.dp_fedbary; Q the "
+                          "server's validation set, t random, K = iterations, S in supports): the attack vs ε. C in "
+                          "the label-augmented space: the clip_quantile quantile of the norms of the server's "
+                          "augmented validation samples.")
 
 
 class PrivacyParams(Strict):
@@ -481,17 +485,25 @@ def privacy_dp_cells(dp: PrivacyDPParams) -> list[dict[str, Any]]:
             for e in dict.fromkeys(dp.epsilons)]
 
 
-def privacy_counts(p: Params) -> tuple[int, int, int]:
-    """How many attack, DP and DP-clustering jobs :func:`privacy_jobs` makes (from the params alone)."""
+def privacy_dp_fedbary_cells(dp: PrivacyDPParams) -> list[dict[str, Any]]:
+    """Every (S, ε) of the DP FedBary grid (none unless ``dp.fedbary``), in grid order."""
+    return [dict(support=s, epsilon=e) for s in dict.fromkeys(dp.supports) for e in dict.fromkeys(dp.epsilons)] \
+        if dp.fedbary else []
+
+
+def privacy_counts(p: Params) -> tuple[int, int, int, int]:
+    """How many attack, DP FedWaD, DP FedBary and DP-clustering jobs :func:`privacy_jobs` makes (from the params
+    alone)."""
     cfg = p.fed_distance.privacy
     if cfg is None:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     runs = len(cfg.pairs) * cfg.seeds
     if cfg.dp is None:
-        return runs * len(privacy_attack_cells(cfg)), 0, 0
+        return runs * len(privacy_attack_cells(cfg)), 0, 0, 0
     clustering = len(dict.fromkeys(cfg.dp.epsilons)) if cfg.dp.clustering_clients else 0
-    return runs * len(privacy_attack_cells(cfg)), len(cfg.pairs) * cfg.dp.seeds * len(privacy_dp_cells(cfg.dp)), \
-        clustering
+    dp_runs = len(cfg.pairs) * cfg.dp.seeds
+    return (runs * len(privacy_attack_cells(cfg)), dp_runs * len(privacy_dp_cells(cfg.dp)),
+            dp_runs * len(privacy_dp_fedbary_cells(cfg.dp)), clustering)
 
 
 def privacy_seed(seed: int, target: int, partner: int, repeat: int) -> int:
@@ -514,7 +526,8 @@ def _privacy_pair(data: PrivacyData, i: int, pair: list[int]) -> tuple[LabelledD
 
 def privacy_jobs(p: Params) -> list[Job]:
     """Per (pair, seed) one :func:`privacy_attack` per attack cell, then per (pair, seed) one :func:`privacy_dp`
-    per DP cell, then one :func:`privacy_dp_clustering` per ε (:func:`privacy_counts`)."""
+    per DP cell, then per (pair, seed) one :func:`privacy_dp_fedbary` per DP FedBary cell, then one
+    :func:`privacy_dp_clustering` per ε (:func:`privacy_counts`)."""
     cfg, seed = p.fed_distance.privacy, p.run.seed
     if cfg is None:
         return []
@@ -547,6 +560,20 @@ def privacy_jobs(p: Params) -> list[Job]:
                                    support=c["support"], t=c["t"], iterations=dp.iterations, epsilon=c["epsilon"],
                                    delta=dp.delta, clip_radius=data.clip_radius, accountant=dp.accountant,
                                    threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r)))
+    if dp.fedbary:
+        radius = float(np.quantile(np.linalg.norm(augmented_measure(data.validation, diagonal=True).support, axis=1),
+                                   dp.clip_quantile))
+        for i, pair in enumerate(cfg.pairs):
+            target, partner, held = _privacy_pair(data, i, pair)
+            for r in range(dp.seeds):
+                for c in privacy_dp_fedbary_cells(dp):
+                    out.append(Job(f"privacy dp-fedbary S={c['support']} eps={c['epsilon']:g} "
+                                   f"{target.name}|{partner.name} seed {r}", privacy_dp_fedbary, dict(
+                                       federation=cfg.federation, target=target, partner=partner, non_members=held,
+                                       validation=data.validation, support=c["support"], iterations=dp.iterations,
+                                       epsilon=c["epsilon"], delta=dp.delta, clip_radius=radius,
+                                       accountant=dp.accountant, threshold=cfg.threshold,
+                                       seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r)))
     if dp.clustering_clients:
         chosen = data.usable[:dp.clustering_clients]
         clients = [data.clients[k] for k in chosen]
@@ -633,6 +660,29 @@ def privacy_dp(federation: str, target: LabelledData, partner: LabelledData, non
                 recovered_fraction=sc.recovered_fraction, non_member_fraction=sc.non_member_fraction,
                 precise_fraction=sc.precise_fraction, median_error=sc.median_error, membership_auc=sc.membership_auc,
                 seconds=secs)
+
+
+def privacy_dp_fedbary(federation: str, target: LabelledData, partner: LabelledData, non_members: np.ndarray,
+                       validation: LabelledData, support: int | str, iterations: int, epsilon: float, delta: float,
+                       clip_radius: float, accountant: str, threshold: float, seed: int, repeat: int) -> dict[str, Any]:
+    """One DP FedBary cell: FedBary between ``target`` and ``partner`` with Q the server's ``validation`` set
+    and every client (ε, δ)-DP (:class:`~otfed.privacy.dp_fedbary.DPBaryClient`, label-augmented records clipped
+    to B(0, ``clip_radius``); t random), attacked like :func:`privacy_attack`. One row: the setting; epsilon_spent,
+    noise_multiplier, releases; the target's distance estimate; the attack's scores; seconds."""
+    n = int(np.asarray(target.x).shape[0])
+    s = _support_size(support, n)
+    config = FedBaryConfig(support_size=s, iterations=iterations, lower_bound=False)
+    dp = DPConfig(epsilon=epsilon, delta=delta, clip_radius=clip_radius, accountant=accountant)
+    res, secs = timed(attack_protocol, "fedbary", target, [partner], non_members, config, seed=seed,
+                      validation=validation, threshold=threshold, dp=dp)
+    sc = res.scores
+    return dict(federation=federation, target=target.name, partner=partner.name, n=n, support=str(support), S=s,
+                iterations=iterations, epsilon=float(epsilon), delta=delta, repeat=repeat,
+                epsilon_spent=res.epsilon, noise_multiplier=res.noise_multiplier, releases=res.releases,
+                clip_radius=clip_radius, estimate=res.estimate, points=res.points,
+                recovered_fraction=sc.recovered_fraction, non_member_fraction=sc.non_member_fraction,
+                precise_fraction=sc.precise_fraction, median_error=sc.median_error, membership_auc=sc.membership_auc,
+                label_ari=res.label_ari, seconds=secs)
 
 
 def privacy_dp_clustering(federation: str, clients: list[LabelledData], groups: np.ndarray, epsilon: float,
@@ -729,15 +779,15 @@ def clustering_names(cfg: ClusteringParams) -> list[str]:
 
 class Sessions(NamedTuple):
     """The first jobs' results regrouped: toy rows, convergence rows, OTDD pairs, and per clustering
-    federation its name, roster and pair results; coreset rows; the privacy attack rows, DP rows and DP
-    clustering results; ``rest`` = the follow-up results."""
+    federation its name, roster and pair results; coreset rows; the privacy attack rows, DP FedWaD rows, DP
+    FedBary rows and DP clustering results; ``rest`` = the follow-up results."""
 
     toy: list[dict[str, Any]]
     convergence: list[dict[str, Any]]
     otdd: tuple[Roster, list[dict[str, Any]]]
     clustering: list[tuple[str, Roster, list[FedWaDResult]]]
     coresets: list[dict[str, Any]]
-    privacy: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
+    privacy: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
     rest: list[Any]
 
 
@@ -755,8 +805,9 @@ def sessions(p: Params, results: list[Any]) -> Sessions:
         r = roster(name, fd.clustering.diagonal)
         rosters.append((name, r, _take(remaining, len(r.clients), include_diagonal=False)))
     coreset_rows = [row for rows in islice(remaining, len(coreset_cells(p))) for row in rows]
-    n_attack, n_dp, n_clustering = privacy_counts(p)
-    privacy = (list(islice(remaining, n_attack)), list(islice(remaining, n_dp)), list(islice(remaining, n_clustering)))
+    n_attack, n_dp, n_dp_fedbary, n_clustering = privacy_counts(p)
+    privacy = (list(islice(remaining, n_attack)), list(islice(remaining, n_dp)), list(islice(remaining, n_dp_fedbary)),
+               list(islice(remaining, n_clustering)))
     return Sessions(toy_rows, conv_rows, (otdd, otdd_results), rosters, coreset_rows, privacy, list(remaining))
 
 
@@ -1185,9 +1236,10 @@ def attack_findings(summary: pd.DataFrame) -> list[str]:
 
 
 def dp_findings(summary: pd.DataFrame, baselines: pd.DataFrame, clustering: pd.DataFrame | None,
-                rows: pd.DataFrame) -> list[str]:
+                rows: pd.DataFrame, fedbary: pd.DataFrame | None = None) -> list[str]:
     """What the DP table says: per setting where the attack falls to the non-member baseline and the error
-    there; the ε the accountant says was spent; the clustering ARI; what is not measured."""
+    there; the ε the accountant says was spent; the clustering ARI; the attack on DP FedBary (``fedbary``: rows
+    support, epsilon, recovered, non_member) and where its detection cost is measured."""
     lines = []
     c, q = float(rows.clip_radius.iloc[0]), float(rows.clipped_fraction.mean())
     lines.append(f"Both clients DP (replace-one (ε, δ) per client, δ = {_num(float(rows.delta.iloc[0]))}); clip "
@@ -1210,8 +1262,15 @@ def dp_findings(summary: pd.DataFrame, baselines: pd.DataFrame, clustering: pd.D
         lines.append(f"Clustering (FedWaD §5): pairwise DP FedWaD between {int(aff.clients.iloc[0])} clients → "
                      "spectral clustering (affinity), ARI vs the planted groups: "
                      + ", ".join(f"ε = {_num(r.epsilon)}: {_num(r.ari)}" for r in aff.itertuples()) + ".")
-    lines.append("Not measured: FedBary's detection AUC vs ε — otfed.privacy.dp has a DP FedWaD client only; "
-                 "no DP FedBary client (noised γ_i, d_i with their accounting over the rounds) exists.")
+    if fedbary is not None and len(fedbary):
+        for support, sub in fedbary.groupby("support", sort=False):
+            sub = sub.sort_values("epsilon", kind="stable")
+            lines.append(f"FedBary, every client DP (otfed.privacy.dp_fedbary; Q the server's validation set, t "
+                         f"random), S = {support}: recovered (non-members) per ε — "
+                         + ", ".join(f"{_num(r.epsilon)}: {_pct(r.recovered)} ({_pct(r.non_member)})"
+                                     for r in sub.itertuples()) + " (privacy_dp_fedbary.csv).")
+    lines.append("FedBary's noisy-data detection AUC vs ε with every client DP: stage barycenter_valuation, "
+                 "reports/valuation/privacy_dp_detection_summary.md.")
     return lines
 
 
@@ -1229,14 +1288,16 @@ def write_privacy_markdown(out: Report, name: str, title: str, quotes: list[str]
 
 
 def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[dict[str, Any]],
-                    clustering: list[dict[str, Any]], out: Report) -> dict[str, Any]:
+                    dp_fedbary_rows: list[dict[str, Any]], clustering: list[dict[str, Any]], out: Report
+                    ) -> dict[str, Any]:
     """The attack and DP tables (``privacy_attack.csv``, ``privacy_dp.csv``, ``privacy_dp_clustering.csv``; their
     Markdown twins carry the papers' statements and what the numbers say), ``privacy.png``, and the metrics:
     per protocol and S the recovered fraction under the papers' defences (random t, distances at the end, the
     largest K; ``fedwad_recovered_paper_defences_S_n`` at S = n), and for the DP setting S = n with a public
     fixed t (the strongest attacker; else the first setting) the largest ε at which the attack is at its
     non-member baseline (``dp_baseline_epsilon``), the DP error there (``dp_rel_error_at_baseline``) and the
-    non-DP error; per ε the clustering ARI (nested run ``privacy``)."""
+    non-DP error; per ε the clustering ARI; per S the largest ε at which the attack on DP FedBary is at its
+    baseline (``dp_fedbary_S<S>_baseline_epsilon``; table ``privacy_dp_fedbary.csv``) (nested run ``privacy``)."""
     cfg, fd, seed = p.fed_distance.privacy, p.fed_distance, p.run.seed
     metrics: dict[str, Any] = {}
     attack = without_rounding_noise(pd.DataFrame(attack_rows))
@@ -1263,6 +1324,21 @@ def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[
     write_privacy_markdown(out, "privacy_attack.md", "Honest-but-curious server: reconstruction from FedWaD, "
                            "federated OTDD and FedBary messages", ["random_t", "last_distance", "fedbary"],
                            attack_findings(summary), setting, summary)
+    fedbary_summary = None
+    if dp_fedbary_rows:
+        dp_fedbary = without_rounding_noise(pd.DataFrame(dp_fedbary_rows))
+        out.table(dp_fedbary, "privacy_dp_fedbary.csv", markdown=False)
+        fedbary_summary = dp_fedbary.groupby(["support", "epsilon"], sort=False, as_index=False).agg(
+            runs=("repeat", "size"), epsilon_spent=("epsilon_spent", "max"), releases=("releases", "max"),
+            recovered=("recovered_fraction", "mean"), non_member=("non_member_fraction", "mean"),
+            auc=("membership_auc", "mean"), label_ari=("label_ari", "mean"))
+        out.table(fedbary_summary, "privacy_dp_fedbary_summary.csv")
+        for support, sub in fedbary_summary.groupby("support", sort=False):
+            sub = sub.sort_values("epsilon", kind="stable")
+            below = (sub.recovered <= sub.non_member).to_numpy()
+            k = int(np.argmin(below)) if not below.all() else len(below)
+            metrics[f"dp_fedbary_S{support}_baseline_epsilon"] = float(sub.epsilon.iloc[k - 1]) if k else np.nan
+            metrics[f"dp_fedbary_S{support}_recovered_at_largest_epsilon"] = float(sub.recovered.iloc[-1])
     dp_summary, clustering_table = None, None
     if dp_rows:
         dp = without_rounding_noise(pd.DataFrame(dp_rows))
@@ -1291,8 +1367,9 @@ def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[
                    "(W2: exact, POT network simplex); means over seeds and targets; one row per run in "
                    "privacy_dp.csv; the clustering rows in privacy_dp_clustering.csv.")
         write_privacy_markdown(out, "privacy_dp.md", "DP FedWaD: the attack and the distance error vs ε", ["dp"],
-                               dp_findings(dp_summary, baselines, clustering_table, dp), setting, dp_summary)
-    out.figure(figs.privacy_figure(summary, dp_summary, clustering_table), "privacy.png")
+                               dp_findings(dp_summary, baselines, clustering_table, dp, fedbary_summary), setting,
+                               dp_summary)
+    out.figure(figs.privacy_figure(summary, dp_summary, clustering_table, fedbary_summary), "privacy.png")
     with out.variant("privacy", tags={"federation": cfg.federation}) as child:
         child.log_metrics({key: v for key, v in metrics.items() if np.isfinite(v)})
     return metrics

@@ -652,6 +652,44 @@ quote("claims: DP FedWaD", "the relative error at S = n, random t is {} at ε = 
                  dp_ari(r, "100000.0"), dp_ari(r, "inf")])
 
 
+DP_FEDBARY = "reports/fed_distance/privacy_dp_fedbary_summary.csv"
+DP_DETECTION = "reports/valuation/privacy_dp_detection_summary.csv"
+MEMBERSHIP = "reports/studies/knot_membership.csv"
+
+
+def dp_fedbary(r: Reports, column: str, epsilon: str) -> float:
+    rows = r.csv(DP_FEDBARY)
+    rows = rows[(rows["support"].astype(str) == "n") & (rows["epsilon"].astype(str) == epsilon)]
+    return one_value(rows[column].tolist(), f"{DP_FEDBARY} S = n, epsilon {epsilon}")
+
+
+def dp_detection(r: Reports, kind: str, epsilon: str) -> float:
+    rows = r.csv(DP_DETECTION)
+    rows = rows[(rows["kind"] == kind) & (rows["epsilon"].astype(str) == epsilon)]
+    return one_value(rows["auc"].tolist(), f"{DP_DETECTION} {kind}, epsilon {epsilon}")
+
+
+def membership(r: Reports, task: str, column: str) -> float:
+    rows = r.csv(MEMBERSHIP)
+    rows = rows[rows["task"] == task]
+    if column == "gap":
+        return float((rows["member_accuracy"] - rows["non_member_accuracy"]).mean())
+    return float(rows[column].mean())
+
+
+quote("claims: DP FedBary", "at S = n the attack recovers {}% at ε = 1e5 (non-members {}%), {}% without noise "
+      "(`privacy_dp_fedbary_summary.csv`); noisy-data detection ROC AUC at ε = 1: {} for label noise (no DP: {}), "
+      "{} for feature noise (no DP: {})", f"{DP_FEDBARY}, {DP_DETECTION}",
+      lambda r: [100 * dp_fedbary(r, "recovered", "100000.0"), 100 * dp_fedbary(r, "non_member", "100000.0"),
+                 100 * dp_fedbary(r, "recovered", "inf"), dp_detection(r, "label", "1.0"),
+                 dp_detection(r, "label", "no DP"), dp_detection(r, "feature", "1.0"),
+                 dp_detection(r, "feature", "no DP")])
+quote("claims: KNOT membership", "loss-attack ROC AUC {} (NLI), {} (SA), {} (ERC), mean over teachers; train − unseen "
+      "accuracy gap {} / {} / {}", MEMBERSHIP,
+      lambda r: [membership(r, "nli", "loss_auc"), membership(r, "sa", "loss_auc"), membership(r, "erc", "loss_auc"),
+                 membership(r, "nli", "gap"), membership(r, "sa", "gap"), membership(r, "erc", "gap")])
+
+
 def min_max(values: Iterator[float] | Sequence[float]) -> list[float]:
     values = list(values)
     return [min(values), max(values)]

@@ -177,7 +177,7 @@ def _epsilon_positions(epsilons: Sequence[float]) -> tuple[dict[float, float], l
 
 
 def privacy_figure(attack: pd.DataFrame, dp: pd.DataFrame | None = None,
-                   clustering: pd.DataFrame | None = None) -> plt.Figure:
+                   clustering: pd.DataFrame | None = None, dp_fedbary: pd.DataFrame | None = None) -> plt.Figure:
     """The honest-but-curious server's attack and the DP defence (FedWaD §3, FedBary §4.4).
 
     Left: fraction of the target's samples the server recovers vs the support S, per protocol, under the papers'
@@ -186,7 +186,8 @@ def privacy_figure(attack: pd.DataFrame, dp: pd.DataFrame | None = None,
     With ``dp`` (summary rows per DP cell: support, t, epsilon, recovered,
     non_member, rel_error, fedwad_rel_error): the attack's recovered fraction vs ε per DP setting with its
     non-member baseline, and the DP estimate's relative error vs ε with the non-DP FedWaD error (dashed); with
-    ``clustering`` (rows epsilon, method, ari): the spectral clustering's ARI vs ε.
+    ``clustering`` (rows epsilon, method, ari): the spectral clustering's ARI vs ε; with ``dp_fedbary`` (rows
+    support, epsilon, recovered, non_member): the attack on DP FedBary vs ε, dash-dotted in the attack panel.
     ``attack``: summary rows (protocol, interpolation, support, t, iterations, distances, validation,
     recovered, non_member)."""
     panels = 1 + (2 if dp is not None and len(dp) else 0) + (1 if clustering is not None and len(clustering) else 0)
@@ -225,14 +226,22 @@ def privacy_figure(attack: pd.DataFrame, dp: pd.DataFrame | None = None,
             sub = sub.sort_values("epsilon")
             xs = [pos[e] for e in sub.epsilon]
             color = f"C{i}"
-            ax_r.plot(xs, sub.recovered, "o-", color=color, label=f"S = {support}, t {t}")
+            ax_r.plot(xs, sub.recovered, "o-", color=color, label=f"FedWaD, S = {support}, t {t}")
             ax_r.plot(xs, sub.non_member, ":", color=color, alpha=0.7)
             ax_e.plot(xs, sub.rel_error.clip(lower=1e-6), "o-", color=color, label=f"DP, S = {support}, t {t}")
             ax_e.axhline(float(sub.fedwad_rel_error.mean()), color=color, ls="--", lw=0.8)
+        if dp_fedbary is not None and len(dp_fedbary):
+            for j, (support, sub) in enumerate(dp_fedbary.groupby("support", sort=False)):
+                sub = sub[sub.epsilon.isin(list(pos))].sort_values("epsilon")
+                color = f"C{j + 5}"
+                ax_r.plot([pos[e] for e in sub.epsilon], sub.recovered, "s-.", color=color,
+                          label=f"FedBary, S = {support}, t random, validation Q")
+                ax_r.plot([pos[e] for e in sub.epsilon], sub.non_member, ":", color=color, alpha=0.7)
         for a in (ax_r, ax_e):
             a.set_xticks(ticks, labels)
             a.set_xlabel("ε per client (δ fixed; ∞: no noise)")
-        ax_r.set(ylim=(-0.03, 1.03), ylabel="recovered (dotted: non-members)", title="attack on DP FedWaD messages")
+        ax_r.set(ylim=(-0.03, 1.03), ylabel="recovered (dotted: non-members)",
+                 title="attack on DP messages (every client DP)")
         ax_e.set(yscale="log", ylabel="|estimate − W2| / W2", title="DP FedWaD error (dashed: non-DP FedWaD)")
         ax_r.legend(fontsize=7)
         ax_e.legend(fontsize=7)

@@ -94,6 +94,7 @@ from otfed.federation.otdd import federated_otdd
 from otfed.ot import Measure, interpolate_approx, optimal_transport
 from otfed.ot.otdd import LabelledData, augmented_measure, class_statistics
 from otfed.privacy.dp import DPConfig, dp_federated_wasserstein
+from otfed.privacy.dp_fedbary import dp_federated_valuation
 from otfed.schema import InterpolationTime, Strict
 
 Interpolation = Literal["approx", "exact"]
@@ -899,7 +900,8 @@ def attack_protocol(protocol: Protocol, target: LabelledData, others: Sequence[L
     clients are :class:`~otfed.privacy.dp.DPWassersteinClient` s (approximate interpolation only); federated
     OTDD (FedWaD §4): the same on label-augmented samples; FedBary (Algorithm 1, eqs. 4–7): ``target`` and
     every client of ``others``, Q the server's ``validation`` set or, without one, the federated barycenter
-    (``config`` must be a :class:`~otfed.federation.fedbary.FedBaryConfig`). ``non_members``: held-out records
+    (``config`` must be a :class:`~otfed.federation.fedbary.FedBaryConfig`) — with ``dp`` every client is a
+    :class:`~otfed.privacy.dp_fedbary.DPBaryClient` (``dp.clip_radius`` in the label-augmented space). ``non_members``: held-out records
     of the target's distribution (membership AUC, non-member baseline). The attacker knows ``config`` (public
     protocol configuration: a fixed t with ``attacker_knows_t``), never the data. Same inputs → same result.
 
@@ -913,8 +915,8 @@ def attack_protocol(protocol: Protocol, target: LabelledData, others: Sequence[L
     """
     if not others:
         raise ValueError(f"{protocol}: the target needs at least one other client")
-    if dp is not None and protocol != "fedwad":
-        raise ValueError(f"dp: a differentially private client exists for FedWaD only, not for {protocol!r}")
+    if dp is not None and protocol == "otdd":
+        raise ValueError("dp: a differentially private client exists for FedWaD and FedBary, not for 'otdd'")
     channel = Channel(keep_inbox=True)
     x = np.asarray(target.x, dtype=np.float64)
     ari, matched = float("nan"), -1
@@ -944,14 +946,22 @@ def attack_protocol(protocol: Protocol, target: LabelledData, others: Sequence[L
         if not isinstance(config, FedBaryConfig):
             raise ValueError("fedbary: config must be a FedBaryConfig")
         truth_mean = _mean(augmented_measure(target, config.diagonal))
-        result = federated_valuation([target, *others], config, validation=validation, seed=seed, channel=channel)
+        if dp is None:
+            result = federated_valuation([target, *others], config, validation=validation, seed=seed, channel=channel)
+        else:  # every client DP (otfed.privacy.dp_fedbary)
+            result, parties = dp_federated_valuation([target, *others], config, dp, validation=validation, seed=seed,
+                                                     channel=channel)
+            eps, sigma, releases = parties[0].privacy_spent()[0], parties[0].noise_multiplier, parties[0].releases
         estimate = float(result.distances[0])
         view = server_view(channel)
         rec = attack_fedbary(view, target.name, config, attacker_knows_t)
         decoded = decode_label_augmented(rec.points, config.diagonal)
-        true_t, true_t2 = _true_fedbary_times(fedbary_rounds(view, target.name), truth_mean)
-        t_err = float(max(np.max(np.abs(rec.times.times - true_t)),
-                          np.max(np.abs(rec.times.update_times - true_t2))))  # type: ignore[operator]
+        if dp is None:
+            true_t, true_t2 = _true_fedbary_times(fedbary_rounds(view, target.name), truth_mean)
+            t_err = float(max(np.max(np.abs(rec.times.times - true_t)),
+                              np.max(np.abs(rec.times.update_times - true_t2))))  # type: ignore[operator]
+        else:
+            t_err = float("nan")
         ari, matched = label_scores(decoded, x, target.y, config.diagonal)
         features = decoded.features
     else:

@@ -88,9 +88,27 @@ def test_dp_without_noise_is_fedwad_and_the_spent_epsilon_is_dp_accountings() ->
     assert noisy.scores.recovered_fraction < 0.2 and np.isnan(noisy.t_error)
 
 
+def test_dp_fedbary_without_noise_is_fedbary_and_noise_defeats_the_attack() -> None:
+    """Every FedBary client DP: at ε = ∞ with a ball no record leaves, the server's transcript — hence the
+    attack and its scores — is the non-private one (same seed); at ε = 1 the attack recovers less than it does
+    without DP (S = n and Q the federated barycenter: FedBary gives every sample away there)."""
+    a, b, held = _clients(6)
+    config = FedBaryConfig(support_size=30, iterations=3)
+    validation = None
+    plain = attack_protocol("fedbary", a, [b], held, config, seed=2, validation=validation)
+    free = attack_protocol("fedbary", a, [b], held, config, seed=2, validation=validation,
+                           dp=DPConfig(epsilon=float("inf"), clip_radius=1e6))
+    assert free.scores == plain.scores and free.estimate == pytest.approx(plain.estimate, rel=1e-10)
+    assert free.noise_multiplier == 0.0 and free.releases == 2 * 3 + 1
+    noisy = attack_protocol("fedbary", a, [b], held, config, seed=2, validation=validation,
+                            dp=DPConfig(epsilon=1.0, clip_radius=10.0))
+    assert plain.scores.recovered_fraction == 1.0 and noisy.scores.recovered_fraction < 0.5
+    assert 0.9 <= noisy.epsilon <= 1.0
+
+
 def test_refuses_what_it_cannot_run() -> None:
     a, b, held = _clients(5)
-    with pytest.raises(ValueError, match="FedWaD only"):
+    with pytest.raises(ValueError, match="FedWaD and FedBary, not for 'otdd'"):
         attack_protocol("otdd", a, [b], held, FedWaDConfig(support_size=5, iterations=2),
                         dp=DPConfig(epsilon=1.0, clip_radius=3.0))
     with pytest.raises(ValueError, match="FedBaryConfig"):

@@ -91,6 +91,7 @@ def feature_params(root: Path) -> dict:
                       "removal_step": 0.1, "removal_max_fraction": 0.3},
         "duplication": {"federation": "c1", "client": 1, "copies": [1, 2, 3], "datum_copies": 5,
                         "validation_samples": 60, "seed_repeats": 2},
+        "privacy": {"kinds": ["feature"], "rate": 0.3, "epsilons": [1.0, math.inf], "seeds": 1},
     }
     params["noisy_removal"] = {
         "federations": ["fnoisy"], "random_projection": 16,

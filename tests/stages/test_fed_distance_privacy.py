@@ -146,7 +146,17 @@ def test_dp_values_against_fedwad_pot_and_dp_accounting(feature_run: dict[str, A
     else:
         assert math.isnan(metrics["dp_baseline_epsilon"])
     text = (out / "privacy_dp.md").read_text()
-    assert PRIVACY_QUOTES["dp"][1] in text and "Not measured: FedBary's detection AUC vs ε" in text
+    assert PRIVACY_QUOTES["dp"][1] in text and "FedBary's noisy-data detection AUC vs ε" in text
+    # DP FedBary (every client DP, Q the validation set): ε = ∞ releases without noise, finite ε within budget
+    fedbary = pd.read_csv(out / "privacy_dp_fedbary.csv", dtype={"support": str})
+    assert sorted(fedbary.epsilon) == [10.0, math.inf] and set(fedbary.support) == {"n"}
+    finite_fb = fedbary[fedbary.epsilon == 10.0].iloc[0]
+    assert finite_fb.releases == 2 * dp_cfg["iterations"] + 1
+    assert finite_fb.epsilon_spent == pytest.approx(_rdp_epsilon(finite_fb.noise_multiplier, 2 * dp_cfg["iterations"]
+                                                                 + 1, 1e-5), rel=1e-9)
+    assert finite_fb.epsilon_spent <= 10.0
+    assert fedbary[fedbary.epsilon == math.inf].iloc[0].noise_multiplier == 0.0
+    assert "dp_fedbary_Sn_baseline_epsilon" in metrics and "FedBary, every client DP" in text
     assert (out / "privacy.png").stat().st_size > 0
 
 
@@ -186,4 +196,4 @@ def test_privacy_is_off_unless_configured(tmp_path: Path) -> None:
     params = tiny_params(tmp_path)
     params["fed_distance"].pop("privacy")
     p = validate_params(params, stage="fed_distance")
-    assert p.fed_distance.privacy is None and privacy_counts(p) == (0, 0, 0) and privacy_jobs(p) == []
+    assert p.fed_distance.privacy is None and privacy_counts(p) == (0, 0, 0, 0) and privacy_jobs(p) == []

@@ -117,6 +117,18 @@ def test_barycenter_valuation_stage(feature_run: dict[str, Any], tmp_path: Path)
     assert feature.recall >= 0.8  # N(0, 3²) pixel noise: far from the clean images
     assert feature.auc >= 0.9 and detection.auc.between(0, 1).all()
     assert detection[detection.method == "random"].auc.between(0.25, 0.75).all()
+    # DP FedBary (same setting as the feature-noise detection cell): its plain run is that cell's FedBary run
+    dp = pd.read_csv(out / "privacy_dp_detection.csv")
+    plain = dp[dp.epsilon.isna()].iloc[0]
+    assert plain.auc == pytest.approx(feature.auc, abs=1e-12)
+    noisy_rows = dp[dp.epsilon.notna()]
+    assert sorted(noisy_rows.epsilon) == [1.0, np.inf]
+    assert (noisy_rows.releases == 2 * 3 + 1).all()  # 2K + 1 releases per client, K = 3 (FEDBARY)
+    one = noisy_rows[noisy_rows.epsilon == 1.0].iloc[0]
+    assert 0.9 <= one.epsilon_spent <= 1.0 and one.distance_rel_error > 0
+    assert (out / "privacy_dp_detection.png").exists()
+    assert {"privacy_dp_detection.csv", "privacy_dp_detection.png"} <= _logged(mlflow_uri, "barycenter_valuation")
+    assert metrics["privacy"]["feature_auc_no_dp"] == pytest.approx(round(feature.auc, 4))
     curves = pd.read_csv(out / "removal_curves.csv")
     first = curves[curves.fraction == 0].groupby(["kind", "rate"]).accuracy.nunique()
     assert (first == 1).all()  # nothing removed yet: every method refits the same model
