@@ -9,10 +9,13 @@ Types are strict (pydantic strict mode): ``true`` or ``"3"`` where an int is exp
 where a number is expected, ``1`` where a bool is expected are errors, not coerced. An int is still a valid
 float, mappings still validate into nested configs, and a field typed as a tuple that YAML writes as a list
 says ``Field(strict=False)``.
+
+The library's entry points that take a config (``federated_wasserstein``, ``federated_otdd``,
+``federated_valuation`` …) also take a plain mapping of its fields, validated the same way (:func:`as_config`).
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping, TypeVar, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass  # the metaclass of every pydantic model
@@ -73,3 +76,45 @@ class Strict(BaseModel, metaclass=_RaisesConfigError):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+C = TypeVar("C", bound=Strict)
+
+
+def as_config(value: Any, cls: type[C], name: str = "config") -> C:
+    """``value`` as a ``cls``: an instance of ``cls`` (or of a subclass) unchanged, a mapping validated into one
+    (``cls.model_validate``): unknown keys and bad values raise :class:`~otfed.errors.ConfigError` with one
+    ``name (cls): key: message`` line per problem (an unknown key also lists the allowed ones) and the key paths
+    at fault in ``keys``. Anything else is a TypeError naming the parameter ``name``, the type expected and the
+    type got.
+
+    >>> class Example(Strict):
+    ...     size: int = 10
+    >>> as_config({"size": 3}, Example).size
+    3
+    >>> as_config({"sise": 3}, Example)
+    Traceback (most recent call last):
+    ...
+    otfed.errors.ConfigError: config (Example): sise: unknown key; allowed keys: size
+    >>> as_config(3, Example, "settings")
+    Traceback (most recent call last):
+    ...
+    TypeError: settings must be a Example or a mapping of its fields, got int
+    """
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
+    try:
+        return cls.model_validate(dict(value))
+    except ValidationError as exc:
+        lines, keys = [], []
+        for err in exc.errors():
+            path = ".".join(str(p) for p in err["loc"])
+            msg = plain_message(err)
+            if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+                msg += f"; allowed keys: {', '.join(sorted(cls.model_fields))}"
+            lines.append(f"{name} ({cls.__name__}): {path}: {msg}" if path else f"{name} ({cls.__name__}): {msg}")
+            if path:
+                keys.append(path)
+        raise ConfigError("\n".join(lines), keys=tuple(keys)) from None

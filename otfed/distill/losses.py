@@ -90,7 +90,7 @@ def _checked_weights(
 
 def _teachers_of(student_probs: torch.Tensor, teacher_probs: torch.Tensor, reduction: str) -> torch.Tensor:
     """The teachers' probabilities as B×K×C (one teacher may come as B×C), checked against the student's B×C and
-    ``reduction``; ValueError naming what is wrong."""
+    ``reduction``; ValueError naming what is wrong, and for an empty batch (B = 0, whose mean is undefined)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
     if teacher_probs.ndim == 2:
@@ -99,6 +99,9 @@ def _teachers_of(student_probs: torch.Tensor, teacher_probs: torch.Tensor, reduc
             or teacher_probs.shape[-1] != student_probs.shape[-1]:
         raise ValueError(f"need student B×C and teachers B×K×C, got {tuple(student_probs.shape)} and "
                          f"{tuple(teacher_probs.shape)}")
+    if student_probs.shape[0] == 0:  # the mean over B = 0 samples is 0/0: NaN, silently
+        raise ValueError(f"student_probs: an empty batch (B = 0 rows), got shape {tuple(student_probs.shape)}; "
+                         f"the loss needs at least one sample")
     return teacher_probs
 
 

@@ -60,7 +60,7 @@ methods take messages only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -70,9 +70,11 @@ from otfed.errors import DegenerateClientError, SupportGrowthError
 from otfed.federation.fedwad import FedWaDConfig, draw_t, interpolation_step, subproblem_transport
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
-from otfed.federation.otdd import LabelledData, augmented_measure
+from otfed.federation.otdd import LabelledData, augmented_measure, feature_dimension
 from otfed.federation.parties import InProcess, Workers, check_roster
+from otfed.metrics import mean_confidence_interval
 from otfed.ot import Measure, interpolate_approx
+from otfed.schema import as_config
 from otfed.valuation.calibrated import datum_values as calibrated_datum_values
 
 BarycenterStep = Literal["reweighted", "interpolants"]
@@ -354,13 +356,32 @@ class BaryServer:
 
 
 @dataclass
+class ContributionSpread:
+    """Client contributions (percent, FedBary §4.2) over FedBary runs that differ only in their seed.
+
+    ``contributions[r, i]``: client i's share in the run seeded ``seeds[r]``; ``mean``, ``std`` (sample
+    standard deviation, ddof = 1) and ``half_width`` (of the ``level`` Student-t confidence interval of the
+    mean, :func:`otfed.metrics.mean_confidence_interval`) per client, in ``names`` order.
+    """
+
+    names: list[str]
+    seeds: list[int]
+    contributions: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    half_width: np.ndarray
+    level: float = 0.95
+
+
+@dataclass
 class FedBaryResult:
     """Outcome of one FedBary session.
 
     ``distances[i]``: the closing-round upper bound on W(P_i, Q); ``contributions``: percent (sums to 100);
     ``history[k]``: Σ_i (d_i^client + d_i^server) at iteration k + 1; ``client_history[k, i]`` its terms;
     ``target``: the final Q; ``datum_values``: per-client calibrated gradients when requested (computed
-    client-side; they never crossed the channel).
+    client-side; they never crossed the channel); ``spread``: the contributions' spread over reruns with other
+    seeds, when requested (:func:`valuation_spread`; None otherwise).
     """
 
     names: list[str]
@@ -371,6 +392,7 @@ class FedBaryResult:
     client_history: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     ledger: Ledger = field(default_factory=Ledger)
     datum_values: dict[str, np.ndarray] | None = None
+    spread: ContributionSpread | None = None
 
     @property
     def total_distance(self) -> float:
@@ -426,7 +448,7 @@ def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel 
                          ledger=channel.ledger, datum_values=values)
 
 
-def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig,
+def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig | Mapping[str, Any],
                         validation: LabelledData | None = None, seed: int = 0, channel: Channel | None = None,
                         datum_values: bool = False, potential: Potential = "sinkhorn",
                         workers: Workers | None = None) -> FedBaryResult:
@@ -434,28 +456,70 @@ def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig,
     statistics), with the server's ``validation`` set (augmented with the server's statistics) as Q, or
     the federated barycenter when ``validation`` is None. Every party is seeded from ``seed``.
 
-    Raises :class:`DegenerateClientError` naming the first unusable client.
+    ``config``: a :class:`FedBaryConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`: an unknown
+    key or a bad value is a :class:`~otfed.errors.ConfigError` naming it, another type a TypeError).
+
+    Raises :class:`DegenerateClientError` naming the first unusable client, ValueError naming the clients'
+    feature dimensions (the label-augmented ones in parentheses) when they, or the validation set's, differ.
+    One run's contributions carry the randomness of its seed (γ_i^(0), X̃_Q^(0), the t's): for their spread
+    over seeds see :func:`valuation_spread`.
     """
+    config = as_config(config, FedBaryConfig)
     seeds = np.random.SeedSequence(seed).spawn(len(datasets) + 1)
     clients = [BaryClient.from_data(d, config, np.random.default_rng(s)) for d, s in zip(datasets, seeds[:-1])]
+    check_roster([d.name for d in datasets], {d.name: feature_dimension(d) for d in datasets},
+                 protocol="FedBary", augmented={c.name: c.dim for c in clients})
     target = None
     if validation is not None:
         try:
             target = augmented_measure(validation, diagonal=config.diagonal)
         except DegenerateClientError as exc:
             raise DegenerateClientError(f"server validation set: {exc}") from exc
+        if target.dim != clients[0].dim:
+            raise ValueError(f"the server's validation set has {feature_dimension(validation)} feature columns but "
+                             f"the clients have {feature_dimension(datasets[0])} (label-augmented: {target.dim} vs "
+                             f"{clients[0].dim})")
     server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
     return fedbary(clients, server, channel=channel, datum_values=datum_values, potential=potential,
                    workers=workers)
 
 
-def fedbary_on_measures(measures: Sequence[Measure], names: Sequence[str], config: FedBaryConfig,
+def fedbary_on_measures(measures: Sequence[Measure], names: Sequence[str], config: FedBaryConfig | Mapping[str, Any],
                         target: Measure | None = None, seed: int = 0, datum_values: bool = False,
                         potential: Potential = "sinkhorn", workers: Workers | None = None) -> FedBaryResult:
     """FedBary Algorithm 1 on clients given as (already label-augmented) measures, seeded exactly as
     :func:`federated_valuation` (same ``seed`` and measures → same numbers), so that runs on modified
-    measures share every random draw (γ_i^(0), X̃_Q^(0), the t's) with the original (FedBary table 3)."""
+    measures share every random draw (γ_i^(0), X̃_Q^(0), the t's) with the original (FedBary table 3).
+    ``config`` as in :func:`federated_valuation`."""
+    config = as_config(config, FedBaryConfig)
     seeds = np.random.SeedSequence(seed).spawn(len(measures) + 1)
     clients = [BaryClient(name, m, config, np.random.default_rng(s)) for name, m, s in zip(names, measures, seeds)]
     server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
     return fedbary(clients, server, datum_values=datum_values, potential=potential, workers=workers)
+
+
+
+def valuation_spread(datasets: Sequence[LabelledData], config: FedBaryConfig | Mapping[str, Any],
+                     validation: LabelledData | None = None, seeds: Sequence[int] = (0, 1, 2, 3, 4),
+                     level: float = 0.95, workers: Workers | None = None) -> FedBaryResult:
+    """:func:`federated_valuation` rerun once per seed in ``seeds``: the result of the first seed (the same
+    numbers as ``federated_valuation(..., seed=seeds[0])``) with :attr:`FedBaryResult.spread` filled — the
+    contribution percent of every client in every run, and per client its mean, standard deviation and the
+    half-width of the ``level`` confidence interval of the mean.
+
+    One run's shares move with the random draws of its seed (γ_i^(0), X̃_Q^(0), the t's): three identical
+    clients can come out at e.g. 28 / 38 / 34 %. The spread says how far a single run's shares can be read.
+    Needs at least two distinct seeds (ValueError otherwise).
+    """
+    seeds = [int(s) for s in seeds]
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: need at least two distinct seeds to estimate a spread, got {seeds}")
+    config = as_config(config, FedBaryConfig)
+    runs = [federated_valuation(datasets, config, validation=validation, seed=s, workers=workers) for s in seeds]
+    shares = np.array([r.contributions for r in runs])
+    intervals = [mean_confidence_interval(shares[:, i], level) for i in range(shares.shape[1])]
+    first = runs[0]
+    first.spread = ContributionSpread(names=list(first.names), seeds=seeds, contributions=shares,
+                                      mean=np.array([m for m, _ in intervals]), std=shares.std(axis=0, ddof=1),
+                                      half_width=np.array([h for _, h in intervals]), level=level)
+    return first

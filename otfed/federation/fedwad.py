@@ -31,7 +31,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, MomentMessage
 from otfed.ot import (Measure, Transport, gelbrich_bound, interpolate_approx, interpolate_exact, measure_moments,
                       optimal_transport)
-from otfed.schema import InterpolationTime, Strict
+from otfed.schema import InterpolationTime, Strict, as_config
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -478,12 +478,15 @@ def client_samples(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def federated_wasserstein(x_mu: np.ndarray, x_nu: np.ndarray, config: FedWaDConfig, seed: int = 0,
-                          names: tuple[str, str] = ("client_mu", "client_nu"),
+def federated_wasserstein(x_mu: np.ndarray, x_nu: np.ndarray, config: FedWaDConfig | Mapping[str, Any],
+                          seed: int = 0, names: tuple[str, str] = ("client_mu", "client_nu"),
                           channel: Channel | None = None) -> FedWaDResult:
     """FedWaD (Algorithm 1) between two sample clouds (uniform weights), each party seeded from ``seed``: an
     upper bound of W_p (eq. 6) and, with ``config.lower_bound`` and p = 2, Gelbrich's lower bound (Gelbrich
     1990, Theorem 2.1) from the clients' moments — which reveals them to the server.
+
+    ``config``: a :class:`FedWaDConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`: an unknown
+    key or a bad value is a :class:`~otfed.errors.ConfigError` naming it, another type a TypeError).
 
     Raises DegenerateClientError naming the client for an empty or non-finite sample array, ValueError naming
     both clients and both feature sizes when their dimensions differ. Warns (``RuntimeWarning``) when the
@@ -496,6 +499,7 @@ def federated_wasserstein(x_mu: np.ndarray, x_nu: np.ndarray, config: FedWaDConf
     >>> bool(lower <= upper < 1.25 * lower), result.kind
     (True, 'upper bound (triangle inequality)')
     """
+    config = as_config(config, FedWaDConfig)
     x_mu, x_nu = client_samples(x_mu, names[0]), client_samples(x_nu, names[1])
     if x_mu.shape[1] != x_nu.shape[1]:
         raise ValueError(f"clients {names[0]!r} and {names[1]!r} have different feature dimensions "

@@ -11,7 +11,7 @@ augmented space and two distances — never samples, labels or class statistics.
 from __future__ import annotations
 
 from itertools import combinations_with_replacement
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from otfed.federation.fedwad import (FedWaDConfig, FedWaDResult, WassersteinClie
                                      fedwad)
 from otfed.federation.ledger import Channel, Ledger
 from otfed.ot.otdd import LabelledData, augmented_measure
+from otfed.schema import as_config
 
 
 def labelled_client(data: LabelledData, config: FedWaDConfig, rng: np.random.Generator,
@@ -28,14 +29,29 @@ def labelled_client(data: LabelledData, config: FedWaDConfig, rng: np.random.Gen
     return WassersteinClient(data.name, augmented_measure(data, diagonal), config, rng)
 
 
-def federated_otdd(a: LabelledData, b: LabelledData, config: FedWaDConfig, seed: int = 0,
+def feature_dimension(data: LabelledData) -> int:
+    """d, the feature columns of the client's n × d samples x (before label augmentation)."""
+    return int(np.shape(data.x)[1])
+
+
+def federated_otdd(a: LabelledData, b: LabelledData, config: FedWaDConfig | Mapping[str, Any], seed: int = 0,
                    diagonal: bool = True, channel: Channel | None = None) -> FedWaDResult:
-    """Federated OTDD between two clients: FedWaD (p = 2) on their label-augmented measures."""
+    """Federated OTDD between two clients: FedWaD (p = 2) on their label-augmented measures.
+
+    ``config``: a :class:`FedWaDConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`). Raises
+    DegenerateClientError naming an unusable client, ValueError naming both clients and their feature
+    dimensions (the label-augmented ones in parentheses) when these differ.
+    """
+    config = as_config(config, FedWaDConfig)
     if config.p != 2:
         raise ValueError("federated OTDD uses p = 2 (the augmented squared distance is the OTDD cost)")
     seeds = np.random.SeedSequence(seed).spawn(3)
     client_a = labelled_client(a, config, np.random.default_rng(seeds[0]), diagonal)
     client_b = labelled_client(b, config, np.random.default_rng(seeds[1]), diagonal)
+    if client_a.dim != client_b.dim:
+        raise ValueError(f"clients {a.name!r} and {b.name!r} have different feature dimensions: "
+                         f"{feature_dimension(a)} vs {feature_dimension(b)} (label-augmented: {client_a.dim} vs "
+                         f"{client_b.dim})")
     server = WassersteinServer(config, np.random.default_rng(seeds[2]))
     return fedwad(client_a, client_b, server, channel=channel or Channel(session=f"{a.name}|{b.name}"))
 
@@ -76,14 +92,16 @@ def matrix_and_ledger(n: int, results: Sequence[FedWaDResult], include_diagonal:
     return distance_matrix(n, client_pairs(n, include_diagonal), [r.estimate for r in results]), ledger
 
 
-def pairwise_federated_otdd(clients: Sequence[LabelledData], config: FedWaDConfig, seed: int = 0,
+def pairwise_federated_otdd(clients: Sequence[LabelledData], config: FedWaDConfig | Mapping[str, Any], seed: int = 0,
                             diagonal: bool = True, include_diagonal: bool = False,
                             map_fn: Callable[..., list[FedWaDResult]] | None = None
                             ) -> tuple[np.ndarray, Ledger]:
     """The matrix of federated OTDDs between all clients (one FedWaD session per pair) and their ledger.
 
-    ``map_fn(fn, list_of_kwargs)`` may fan the pairs out; default: in order.
+    ``map_fn(fn, list_of_kwargs)`` may fan the pairs out; default: in order. ``config`` as in
+    :func:`federated_otdd`.
     """
+    config = as_config(config, FedWaDConfig)
     sessions = pairwise_sessions(clients, config, seed, diagonal, include_diagonal)
     results = map_fn(federated_otdd, sessions) if map_fn else [federated_otdd(**s) for s in sessions]
     return matrix_and_ledger(len(clients), results, include_diagonal)

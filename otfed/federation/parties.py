@@ -25,16 +25,19 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 
 def check_roster(names: Sequence[str], dims: Mapping[str, Any], space: str = "feature",
-                 protocol: str | None = None) -> None:
+                 protocol: str | None = None, augmented: Mapping[str, Any] | None = None) -> None:
     """ValueError unless the clients' ``names`` are unique and their ``dims`` (name → dimension or shape) are
     all equal; with ``protocol`` also unless there is at least one client ("<protocol> needs at least one
-    client"; None: an empty roster passes)."""
+    client"; None: an empty roster passes). ``augmented`` (name → label-augmented dimension) is quoted in
+    parentheses after ``dims`` when these differ: ``dims`` are what the user gave (the x columns), the
+    augmented sizes what the protocol runs on."""
     if protocol is not None and not names:
         raise ValueError(f"{protocol} needs at least one client")
     if len(set(names)) != len(names):
         raise ValueError(f"client names must be unique, got {list(names)}")
     if len(set(dims.values())) > 1:
-        raise ValueError(f"clients have different {space} dimensions: {dict(dims)}")
+        also = f" (label-augmented: {dict(augmented)})" if augmented is not None else ""
+        raise ValueError(f"clients have different {space} dimensions: {dict(dims)}{also}")
 
 
 class Hosted(Protocol):
