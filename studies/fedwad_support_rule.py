@@ -9,7 +9,8 @@ approximate interpolation, solver "auto"; exact W2 by POT's network simplex. One
 The committed CSV is that command's output (minus its wall-time column; S = n at n = 2,000 took 25–82 s per run on the 2-core development machine).
 """
 import sys
-import numpy as np, ot
+import numpy as np
+import ot
 from otfed.federation.fedwad import FedWaDConfig, federated_wasserstein
 from otfed.ot import Measure
 from otfed.ot.gelbrich import gelbrich_bound, measure_moments

@@ -139,13 +139,17 @@ def build_federation(name: str, spec: FederationSpec, data_dir: str | Path, seed
             x, y, shapes[(d, "train")] = _features(d, "train", spec.image_size, root)
             idx = _subsample(len(y), spec.samples_per_client, rng)
             parts.append(np.arange(len(idx)) + sum(len(v) for v in ys))
-            xs.append(x[idx]); ys.append(y[idx]); names.append(d); srcs.append(idx)
+            xs.append(x[idx])
+            ys.append(y[idx])
+            names.append(d)
+            srcs.append(idx)
         check_image_shapes(name, spec, shapes, root)
         pool_x, pool_y = np.concatenate(xs), np.concatenate(ys)
         pool_y_clean = pool_y
         source = np.concatenate(srcs)
         groups = np.arange(len(names))
-        test_x = np.zeros((0, pool_x.shape[1])); test_y = np.zeros(0, dtype=np.int64)
+        test_x = np.zeros((0, pool_x.shape[1]))
+        test_y = np.zeros(0, dtype=np.int64)
         pca_ref = None
     else:
         pool_x, pool_y, train_shape = _features(spec.dataset, "train", spec.image_size, root)
@@ -190,7 +194,9 @@ def build_federation(name: str, spec: FederationSpec, data_dir: str | Path, seed
     rows, client, split = [], [], []
     for k, (tr, va) in enumerate(zip(train_parts, val_parts)):
         for part, tag in ((tr, 0), (va, 1)):
-            rows.append(part); client.append(np.full(len(part), k)); split.append(np.full(len(part), tag))
+            rows.append(part)
+            client.append(np.full(len(part), k))
+            split.append(np.full(len(part), tag))
     rows_arr = np.concatenate(rows).astype(np.int64)
     data = FederationData(
         name=name,

@@ -85,7 +85,7 @@ def test_a_value_the_manifest_does_not_declare_is_named(folder: Path, column: st
 
 
 def test_rows_the_manifest_does_not_count_are_named(folder: Path) -> None:
-    path = edit_parties(folder, lambda f: f.drop(index=0, inplace=True))
+    edit_parties(folder, lambda f: f.drop(index=0, inplace=True))
     with pytest.raises(DataError, match=r"parties\.csv\.gz: 5 rows of party 'a', split 'train'; manifest.json "
                                         r"declares 6$"):
         load_text_federation(folder)

@@ -438,7 +438,6 @@ def test_every_hiding_place_is_found_and_counted() -> None:
     numbers, in an object array, as a torch tensor, in a nested dataclass — each found; the counts are exact."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((20, 3))
-    scale = nearest_neighbour_scale(x)
     sample = x[7]
     noise = rng.standard_normal((4, 3)) * 10 + 30  # far from every sample
 

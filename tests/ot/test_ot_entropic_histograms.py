@@ -81,7 +81,7 @@ def test_cost_tends_to_exact_w1_within_the_entropic_bound(task):
     C = LabelSpace.for_task(task).cost_matrix()
     p, q = _histograms(C.shape[0], 4, 2, seed=3)
     exact = _exact_w1(p, q, C, task)
-    previous = None
+    previous, previous_slack = None, 0.0
     for eps in (1e-1, 1e-2, 1e-3, 1e-4):
         r = entropic_histogram_transport(p, q, C, eps)
         assert r.converged, (eps, r.marginal_error.max())
