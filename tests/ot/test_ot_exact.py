@@ -112,3 +112,26 @@ def test_exact_plan_refuses_marginals_of_different_mass():
     M = cost_matrix(np.arange(3.0), np.arange(4.0), 2)
     with pytest.raises(ValueError, match="same mass"):
         exact_plan(np.full(3, 1 / 3), np.full(4, 0.3), M)
+
+
+def test_without_pots_private_entry_point_ot_emd_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``emd_c`` is POT's private compiled solver; were a POT upgrade to move it, ``exact_plan`` calls ``ot.emd``
+    and gets the same plan bit for bit (both run the same network simplex on the same inputs)."""
+    import otfed.ot.exact as exact_module
+
+    rng = np.random.default_rng(5)
+    a, b = rng.dirichlet(np.ones(30)), rng.dirichlet(np.ones(40))
+    M = ot.dist(rng.normal(size=(30, 3)), rng.normal(size=(40, 3)))
+    with_private = exact_module.exact_plan(a, b, M)
+    monkeypatch.setattr(exact_module, "emd_c", None)
+    np.testing.assert_array_equal(exact_module.exact_plan(a, b, M), with_private)
+
+
+def test_a_non_optimal_result_code_names_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result code other than optimal / max-iterations (e.g. 2, unbounded) is an OTConvergenceError naming it
+    (before, this path read an undefined POT log and raised NameError)."""
+    import otfed.ot.exact as exact_module
+
+    monkeypatch.setattr(exact_module, "_network_simplex", lambda a, b, M, n: (np.zeros((len(a), len(b))), 2))
+    with pytest.raises(OTConvergenceError, match=r"result code 2: unbounded"):
+        exact_module.exact_plan(np.full(3, 1 / 3), np.full(2, 0.5), np.ones((3, 2)))
