@@ -6,7 +6,6 @@ Also :func:`mean_confidence_interval` (Student-t) for results repeated over seed
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import adjusted_rand_score as _ari
 
 
 def mean_confidence_interval(values, level: float = 0.95) -> tuple[float, float]:
@@ -28,7 +27,9 @@ def mean_confidence_interval(values, level: float = 0.95) -> tuple[float, float]
 
 def adjusted_rand_index(labels_true: np.ndarray, labels_pred: np.ndarray) -> float:
     """ARI between a clustering and the true groups (1 = identical partitions, ≈0 = chance)."""
-    return float(_ari(np.asarray(labels_true), np.asarray(labels_pred)))
+    from sklearn.metrics import adjusted_rand_score
+
+    return float(adjusted_rand_score(np.asarray(labels_true), np.asarray(labels_pred)))
 
 
 def order_preservation(d_reference: np.ndarray, d_estimate: np.ndarray) -> float:

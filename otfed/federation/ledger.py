@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from otfed.federation.messages import Message
+
+if TYPE_CHECKING:  # pandas only for the tables below: the protocols run without it (the core install)
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,18 @@ class Ledger:
             self.entries.extend(other.entries)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per message: session, round, kind, sender, receiver, payload, shape, bytes."""
+        """One row per message: session, round, kind, sender, receiver, payload, shape, bytes (needs pandas)."""
+        import pandas as pd
+
         cols = ["session", "round", "kind", "sender", "receiver", "payload", "shape", "nbytes"]
         rows = [(e.session, e.round, e.kind, e.sender, e.receiver, e.payload, "x".join(map(str, e.shape)),
                  e.nbytes) for e in self.entries]
         return pd.DataFrame(rows, columns=cols)
 
     def cost_table(self) -> pd.DataFrame:
-        """Communication cost per message kind and direction: message count and total bytes."""
+        """Communication cost per message kind and direction: message count and total bytes (needs pandas)."""
+        import pandas as pd
+
         frame = self.to_frame()
         if frame.empty:
             return pd.DataFrame(columns=["kind", "sender_role", "receiver_role", "messages", "bytes"])
