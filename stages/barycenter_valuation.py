@@ -770,7 +770,7 @@ STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, 
                         "detection.*.fedbary.auc",  # fig. 5: label / feature noise at each rate (F1 in MLflow)
                         "duplication.dataset_original_max_abs_rel_change_fedbary_validation",  # table 3
                         "duplication.datum_most_harmful_rel_change_fedbary_validation",
-                        "privacy.*_auc_no_dp", "privacy.*_auc_eps_1", "privacy.*_auc_eps_1e+06"))  # DP FedBary
+                        "privacy.*_auc_eps_1"))  # DP FedBary: detection at ε = 1 (no DP: detection.*.fedbary.auc)
 
 if __name__ == "__main__":  # DVC: python -m stages.barycenter_valuation
     from flows.stage import main
