@@ -469,19 +469,28 @@ def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig 
     clients = [BaryClient.from_data(d, config, np.random.default_rng(s)) for d, s in zip(datasets, seeds[:-1])]
     check_roster([d.name for d in datasets], {d.name: feature_dimension(d) for d in datasets},
                  protocol="FedBary", augmented={c.name: c.dim for c in clients})
-    target = None
-    if validation is not None:
-        try:
-            target = augmented_measure(validation, diagonal=config.diagonal)
-        except DegenerateClientError as exc:
-            raise DegenerateClientError(f"server validation set: {exc}") from exc
-        if target.dim != clients[0].dim:
-            raise ValueError(f"the server's validation set has {feature_dimension(validation)} feature columns but "
-                             f"the clients have {feature_dimension(datasets[0])} (label-augmented: {target.dim} vs "
-                             f"{clients[0].dim})")
+    target = validation_target(validation, datasets[0], clients[0].dim, config)
     server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
     return fedbary(clients, server, channel=channel, datum_values=datum_values, potential=potential,
                    workers=workers)
+
+
+def validation_target(validation: LabelledData | None, client: LabelledData, client_dim: int,
+                      config: FedBaryConfig) -> Measure | None:
+    """Q from the server's ``validation`` set, augmented with the server's own class statistics (None without
+    one): DegenerateClientError naming the validation set when it cannot be augmented, ValueError naming both
+    feature sizes (and the augmented ones) when it does not match ``client`` (augmented size ``client_dim``)."""
+    if validation is None:
+        return None
+    try:
+        target = augmented_measure(validation, diagonal=config.diagonal)
+    except DegenerateClientError as exc:
+        raise DegenerateClientError(f"server validation set: {exc}") from exc
+    if target.dim != client_dim:
+        raise ValueError(f"the server's validation set has {feature_dimension(validation)} feature columns but "
+                         f"the clients have {feature_dimension(client)} (label-augmented: {target.dim} vs "
+                         f"{client_dim})")
+    return target
 
 
 def fedbary_on_measures(measures: Sequence[Measure], names: Sequence[str], config: FedBaryConfig | Mapping[str, Any],

@@ -42,9 +42,9 @@ from typing import Sequence
 
 import numpy as np
 
-from otfed.errors import ConfigError, DegenerateClientError
+from otfed.errors import ConfigError
 from otfed.federation.fedbary import (BaryClient, BaryServer, FedBaryConfig, FedBaryResult, Potential, _distance,
-                                      fedbary)
+                                      fedbary, validation_target)
 from otfed.federation.fedwad import draw_t
 from otfed.federation.ledger import Channel
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
@@ -156,11 +156,6 @@ def dp_federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConf
     noise = np.random.SeedSequence([seed, 0xD9]).spawn(len(datasets))
     clients = [DPBaryClient.from_data(d, config, np.random.default_rng(s), dp=dp, noise_rng=np.random.default_rng(z))
                for d, s, z in zip(datasets, seeds[:-1], noise)]
-    target = None
-    if validation is not None:
-        try:
-            target = augmented_measure(validation, diagonal=config.diagonal)
-        except DegenerateClientError as exc:
-            raise DegenerateClientError(f"server validation set: {exc}") from exc
+    target = validation_target(validation, datasets[0], clients[0].dim, config)
     server = BaryServer(config, np.random.default_rng(seeds[-1]), target=target)
     return fedbary(clients, server, channel=channel, datum_values=datum_values, potential=potential), clients
