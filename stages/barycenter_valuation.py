@@ -46,12 +46,14 @@ from otfed.ot.otdd import LabelledData, augmented_measure
 from otfed.privacy.dp import DPConfig
 from otfed.privacy.dp_fedbary import dp_federated_valuation
 from otfed.schema import PositiveInt, Strict
-from otfed.valuation import (ExactShapley, KNNShapley, Lava, LeaveOneOut, MemoizedUtility, PermutationShapley,
-                             TruncatedMonteCarloShapley, ValuationData, accuracy_utility,
-                             datum_values as calibrated_values, detection_auc, detection_scores, exact_wasserstein,
-                             fedavg_rounds, fedavg_utility, flag_noisy, gtg_shapley, knn_leave_one_out,
-                             mass_moved_by_duplication, multi_round_reconstruction, one_round_reconstruction,
-                             percent_of_total, point_removal_curve, repeated_dataset, repeated_datum)
+from otfed.valuation.baselines import (ExactShapley, KNNShapley, Lava, LeaveOneOut, PermutationShapley,
+                                       TruncatedMonteCarloShapley, ValuationData, knn_leave_one_out)
+from otfed.valuation.calibrated import datum_values as calibrated_values, flag_noisy
+from otfed.valuation.client_games import MemoizedUtility, fedavg_rounds, fedavg_utility, percent_of_total
+from otfed.valuation.detection import detection_auc, detection_scores, point_removal_curve
+from otfed.valuation.duplication import exact_wasserstein, mass_moved_by_duplication, repeated_dataset, repeated_datum
+from otfed.valuation.reconstruction import (accuracy_utility, gtg_shapley, multi_round_reconstruction,
+                                            one_round_reconstruction)
 from stages import layout
 from stages.params import server_split_federation
 from stages.stage import Job, Report, Stage, timed

@@ -24,8 +24,8 @@ from otfed.figures import valuation as figs
 from otfed.fl import FedAvgConfig, evaluate, fedavg_state
 from otfed.metrics import mean_confidence_interval
 from otfed.ot.otdd import LabelledData
-from otfed.valuation import (budget_removal, detection_auc, flag_noisy, flagged_removal, most_suspicious,
-                             random_removal)
+from otfed.valuation.calibrated import budget_removal, flag_noisy, flagged_removal, most_suspicious, random_removal
+from otfed.valuation.detection import detection_auc
 from stages import layout
 from stages.params import server_split_federation
 from stages.stage import Job, Report, Stage

@@ -19,10 +19,14 @@ Public names (implementation modules in parentheses):
   ``otdd_ground_cost``, ``otdd_exact`` — label-augmented OTDD                            (otdd)
 - ``gelbrich_bound(m1, S1, m2, S2)`` — Gelbrich's lower bound of W₂ from means and
   covariances; ``bures_squared``, ``measure_moments``, ``psd_sqrt``                     (gelbrich)
+
+The torch-based names (``HistogramTransport``, ``entropic_histogram_transport``, ``sinkhorn_histogram_loss``) are
+imported on first use (PEP 562): FedWaD, OTDD and FedBary run without torch (the core install). Code that needs
+them imports :mod:`otfed.ot.entropic_histograms` itself.
 """
+import importlib
 
 from otfed.ot.entropic import sinkhorn_log
-from otfed.ot.entropic_histograms import HistogramTransport, entropic_histogram_transport, sinkhorn_histogram_loss
 from otfed.ot.exact import Transport, cost_matrix, exact_plan, optimal_transport, wasserstein
 from otfed.ot.gelbrich import bures_squared, gelbrich_bound, measure_moments, psd_sqrt
 from otfed.ot.interpolation import interpolate_approx, interpolate_exact, interpolating_measure
@@ -63,3 +67,13 @@ __all__ = [
     "measure_moments",
     "psd_sqrt",
 ]
+
+_TORCH_NAMES = frozenset({"HistogramTransport", "entropic_histogram_transport", "sinkhorn_histogram_loss"})
+
+
+def __getattr__(name: str):
+    """The torch-based names of :mod:`otfed.ot.entropic_histograms`, imported when first asked for."""
+    if name in _TORCH_NAMES:
+        return getattr(importlib.import_module("otfed.ot.entropic_histograms"), name)
+    raise AttributeError(f"module 'otfed.ot' has no attribute {name!r}")
+

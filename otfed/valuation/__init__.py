@@ -14,20 +14,58 @@
 - :mod:`.detection` — ``detection_scores`` (precision/recall/F1), ``detection_auc``, ``point_removal_curve``
 - :mod:`.duplication` — duplicated data as measures (``repeated_dataset``, ``repeated_datum``,
   ``mass_moved_by_duplication``) and ``exact_wasserstein`` (POT), for FedBary table 3
+
+Every name is imported from its module on first use (PEP 562): FedBary's datum values (:mod:`.calibrated`) need
+neither scikit-learn nor torch, which the baselines and the FedAvg games pull in (the core install). Pipeline
+code imports the modules themselves, so that its dependencies stay visible.
 """
-from otfed.valuation.baselines import (DataValuation, ExactShapley, KNNShapley, Lava, LeaveOneOut,
-                                       PermutationShapley, TruncatedMonteCarloShapley, Utility, ValuationData,
-                                       classifier_accuracy, knn_leave_one_out, knn_utility)
-from otfed.valuation.calibrated import (budget_removal, calibrated_gradient, datum_values, dual_potential, flag_noisy,
-                                        flagged_removal, most_suspicious, random_removal, rank_by_value)
-from otfed.valuation.client_games import MemoizedUtility, fedavg_rounds, fedavg_utility, percent_of_total
-from otfed.valuation.detection import (DetectionScores, RemovalCurve, detection_auc, detection_scores,
-                                      point_removal_curve)
-from otfed.valuation.duplication import (exact_wasserstein, mass_moved_by_duplication, repeated_dataset,
-                                         repeated_datum)
-from otfed.valuation.reconstruction import (ClientValues, StateUtility, accuracy_utility, gtg_shapley,
-                                            multi_round_reconstruction, one_round_reconstruction,
-                                            reconstructed_final_state, reconstructed_round_state)
+import importlib
+
+# name → the module that defines it
+_SOURCES = {
+    "ClientValues": "reconstruction",
+    "DataValuation": "baselines",
+    "DetectionScores": "detection",
+    "ExactShapley": "baselines",
+    "KNNShapley": "baselines",
+    "Lava": "baselines",
+    "LeaveOneOut": "baselines",
+    "MemoizedUtility": "client_games",
+    "PermutationShapley": "baselines",
+    "RemovalCurve": "detection",
+    "StateUtility": "reconstruction",
+    "TruncatedMonteCarloShapley": "baselines",
+    "Utility": "baselines",
+    "ValuationData": "baselines",
+    "accuracy_utility": "reconstruction",
+    "budget_removal": "calibrated",
+    "calibrated_gradient": "calibrated",
+    "classifier_accuracy": "baselines",
+    "datum_values": "calibrated",
+    "detection_auc": "detection",
+    "detection_scores": "detection",
+    "dual_potential": "calibrated",
+    "exact_wasserstein": "duplication",
+    "fedavg_rounds": "client_games",
+    "fedavg_utility": "client_games",
+    "flag_noisy": "calibrated",
+    "flagged_removal": "calibrated",
+    "gtg_shapley": "reconstruction",
+    "knn_leave_one_out": "baselines",
+    "knn_utility": "baselines",
+    "mass_moved_by_duplication": "duplication",
+    "most_suspicious": "calibrated",
+    "multi_round_reconstruction": "reconstruction",
+    "one_round_reconstruction": "reconstruction",
+    "percent_of_total": "client_games",
+    "point_removal_curve": "detection",
+    "random_removal": "calibrated",
+    "rank_by_value": "calibrated",
+    "reconstructed_final_state": "reconstruction",
+    "reconstructed_round_state": "reconstruction",
+    "repeated_dataset": "duplication",
+    "repeated_datum": "duplication",
+}
 
 __all__ = [
     "ClientValues", "DataValuation", "budget_removal", "flagged_removal", "DetectionScores", "MemoizedUtility", "ExactShapley", "KNNShapley", "Lava",
@@ -38,3 +76,10 @@ __all__ = [
     "most_suspicious", "percent_of_total", "point_removal_curve", "random_removal", "rank_by_value", "reconstructed_final_state",
     "reconstructed_round_state", "repeated_dataset", "repeated_datum",
 ]
+
+
+def __getattr__(name: str):
+    """A public name of this package, imported from its module when first asked for."""
+    if name in _SOURCES:
+        return getattr(importlib.import_module(f"otfed.valuation.{_SOURCES[name]}"), name)
+    raise AttributeError(f"module 'otfed.valuation' has no attribute {name!r}")
