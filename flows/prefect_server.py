@@ -156,15 +156,30 @@ def attach(home: Path | None = None, say: Callable[[str], None] = lambda line: N
     with _locked(home):
         me.touch()  # a user before the keeper's next look, so a server found here is not retired under us
         record = read_record(home)
-        if record is not None and record.keeper_alive() and healthy(record.url):
-            url = record.url
-        else:
-            if record is not None:  # a keeper that died with its record: stop what it left
+        url = _running(record, say) if record is not None else None
+        if url is None:
+            if record is not None:  # a keeper or server that died with its record: stop what it left
                 _stop_pid(record.server_pid)
                 (home / RECORD).unlink(missing_ok=True)
             url = _start(home, say)
     atexit.register(lambda: me.unlink(missing_ok=True))
     return url
+
+
+def _running(record: Record, say: Callable[[str], None]) -> str | None:
+    """The URL of the server ``record`` describes once it answers — waiting, as long as its keeper and its
+    process live, for a server too busy to answer at once (a loaded machine: it is in use, never replaced) —
+    or None when the keeper or the server is gone."""
+    began = last = time.monotonic()
+    while record.keeper_alive() and psutil.pid_exists(record.server_pid):
+        if healthy(record.url):
+            return record.url
+        if time.monotonic() - last >= PROGRESS_S:
+            last = time.monotonic()
+            say(f"the project's Prefect server at {record.url} has not answered for {last - began:.0f} s "
+                "(a busy machine; waiting)")
+        time.sleep(POLL_S)
+    return None
 
 
 def detach(home: Path | None = None) -> None:

@@ -138,3 +138,24 @@ def test_the_users_own_server_wins(home: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("PREFECT_API_URL", "http://prefect.example:4200/api")
     assert prefect_server.attach(home) is None
     assert not home.exists()  # nothing started, nothing written
+
+
+def test_a_server_too_busy_to_answer_is_waited_for_not_replaced(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine the server in use may not answer a health check in time: a stage that finds it with
+    its keeper and process alive waits until it answers; it neither stops it nor starts another. (Stand-ins: the
+    keeper and the server are this process; the server answers at the third check.)"""
+    home.mkdir(parents=True)
+    me = psutil.Process()
+    (home / prefect_server.RECORD).write_text(
+        f'{{"keeper_pid": {me.pid}, "keeper_started": {me.create_time()}, "server_pid": {me.pid}, '
+        '"url": "http://127.0.0.1:9/api"}')
+    answers = iter([False, False, True])
+    monkeypatch.setattr(prefect_server, "healthy", lambda url, timeout=5.0: next(answers))
+    monkeypatch.setattr(prefect_server, "POLL_S", 0.01)
+    monkeypatch.setattr(prefect_server, "_stop_pid", lambda pid, grace=10.0: pytest.fail("stopped the server"))
+    monkeypatch.setattr(prefect_server, "_start", lambda home, say: pytest.fail("started another server"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    assert prefect_server.attach(home) == "http://127.0.0.1:9/api"
+    assert prefect_server.live_users(home) == [me.pid]
+    prefect_server.detach(home)
+    (home / prefect_server.RECORD).unlink()  # the fixture's stop() must not signal this process
