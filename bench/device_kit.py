@@ -5,7 +5,8 @@ transformers, pandas and scikit-learn, but not POT, geomloss, Prefect, MLflow, p
 reach no package registry: what they lack travels with the working tree, 64 MiB in all, and this
 checkout's tracked files alone are about 38 MiB. This script builds that kit here, ahead of a session:
 
-1. **What to carry.** The closure of the project's declared dependencies (``pyproject.toml``; DVC apart,
+1. **What to carry.** The closure of the project's declared dependencies (``pyproject.toml``: the core and the
+   ``pipeline`` and ``bench`` extras, dp-accounting included; DVC apart,
    in a second archive with ``--with-dvc``), read from this environment's installed metadata (the lock's versions),
    with the environment markers evaluated for the machine's Python (3.12, ``--python``), minus what the
    machine already has (:data:`FROM_THE_MACHINE`: its torch / numpy / pyarrow stack, which ours could
@@ -90,12 +91,34 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
-def declared_dependencies(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
-    """The names in ``[project] dependencies``."""
+def declared_dependencies(pyproject: Path = ROOT / "pyproject.toml", extras: tuple[str, ...] = ("pipeline", "bench")
+                          ) -> list[str]:
+    """The names in ``[project] dependencies`` (the core install) and in the optional dependencies of ``extras``
+    (default: what the stages and the benches need), following ``otfed[...]`` references between extras; each
+    name once, in order."""
     import tomllib
 
-    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
-    return [Requirement(d).name for d in deps]
+    project = tomllib.loads(pyproject.read_text())["project"]
+    optional = project.get("optional-dependencies", {})
+    names: list[str] = []
+    seen: set[str] = set()
+
+    def add(requirements: list[str]) -> None:
+        for line in requirements:
+            requirement = Requirement(line)
+            if normalize(requirement.name) == normalize(project["name"]):  # otfed[text,valuation]: those extras
+                for extra in sorted(requirement.extras - seen):
+                    seen.add(extra)
+                    add(optional[extra])
+            elif requirement.name not in names:
+                names.append(requirement.name)
+
+    add(project["dependencies"])
+    for extra in extras:
+        if extra not in seen:
+            seen.add(extra)
+            add(optional[extra])
+    return names
 
 
 def marker_environment(python: str) -> dict[str, str]:
