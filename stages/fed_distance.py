@@ -1127,6 +1127,13 @@ def privacy_dp_summary(rows: pd.DataFrame) -> pd.DataFrame:
         auc=("membership_auc", "mean"), clipped_fraction=("clipped_fraction", "mean"))
 
 
+def at_baseline(sub: pd.DataFrame) -> int:
+    """How many of ``sub``'s rows (one DP setting, sorted by ε) lead the grid with the attack recovering no more
+    of the target's samples than of its non-members: the baseline ε is row k − 1 (none when 0)."""
+    below = (sub.recovered <= sub.non_member).to_numpy()
+    return int(np.argmin(below)) if not below.all() else len(below)
+
+
 def dp_baselines(summary: pd.DataFrame) -> pd.DataFrame:
     """Per DP setting (S, t): the largest ε of the grid up to which the attack recovers no more of the target's
     samples than of its non-members (every smaller ε too; NaN when even the smallest leaks), the DP estimate's
@@ -1134,8 +1141,7 @@ def dp_baselines(summary: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (support, t), sub in summary.groupby(["support", "t"], sort=False):
         sub = sub.sort_values("epsilon", kind="stable")
-        below = (sub.recovered <= sub.non_member).to_numpy()
-        k = int(np.argmin(below)) if not below.all() else len(below)
+        k = at_baseline(sub)
         out.append(dict(support=support, t=t, baseline_epsilon=float(sub.epsilon.iloc[k - 1]) if k else np.nan,
                         rel_error_at_baseline=float(sub.rel_error.iloc[k - 1]) if k else np.nan,
                         fedwad_rel_error=float(sub.fedwad_rel_error.mean()),
@@ -1335,8 +1341,7 @@ def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[
         out.table(fedbary_summary, "privacy_dp_fedbary_summary.csv")
         for support, sub in fedbary_summary.groupby("support", sort=False):
             sub = sub.sort_values("epsilon", kind="stable")
-            below = (sub.recovered <= sub.non_member).to_numpy()
-            k = int(np.argmin(below)) if not below.all() else len(below)
+            k = at_baseline(sub)
             metrics[f"dp_fedbary_S{support}_baseline_epsilon"] = float(sub.epsilon.iloc[k - 1]) if k else np.nan
             metrics[f"dp_fedbary_S{support}_recovered_at_largest_epsilon"] = float(sub.recovered.iloc[-1])
     dp_summary, clustering_table = None, None

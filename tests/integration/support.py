@@ -51,6 +51,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Terminate ``procs`` (started in order: a scheduler before its workers) last first, then wait for each,
+    killing one that has not exited 30 s after."""
+    for proc in reversed(procs):
+        proc.terminate()
+    for proc in reversed(procs):
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 

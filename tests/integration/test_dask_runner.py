@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.ceilings import ceiling, completed, hit, tail, wait_until
-from tests.integration.support import BIN, REPO, clean_env, free_port
+from tests.integration.support import stop_processes, BIN, REPO, clean_env, free_port
 from tests.stages.conftest import tiny_params
 from tests.stages.test_text_stages import text_params
 
@@ -128,13 +128,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                                 tail(logs["workers"].read_text())))
         yield root, address, procs[1]
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in reversed(procs):
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
 
 
 @pytest.mark.parametrize("name, folders, runners", [

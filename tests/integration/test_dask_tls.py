@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.ceilings import completed, tail, wait_until
-from tests.integration.support import BIN, REPO, clean_env
+from tests.integration.support import stop_processes, BIN, REPO, clean_env
 from tests.stages.conftest import tiny_params
 
 pytestmark = pytest.mark.integration
@@ -96,13 +96,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory):
         assert procs[1].poll() is None, tail(logs["worker"].read_text())
         yield root, address, paths
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in reversed(procs):
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
 
 
 def _run_partition(root: Path, address: str, **env: str) -> subprocess.CompletedProcess:
