@@ -313,6 +313,16 @@ def bias(folder: Path) -> list[tuple[str, pd.DataFrame]]:
 
 
 @view
+def distill_gate(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    """The gate on the audit slice: per teacher its Spearman with the truth and SD against the best constant."""
+    gate = _csv(folder, "gate.csv")
+    return [("the gate (reports/distill/gate.csv): does each teacher read its texts on the labelled audit slice "
+             "(Spearman ≥ 0.3), does the global model beat the best constant — and the task's verdict",
+             gate[["task", "teacher", "role", "informativeness", "semantic_distance", "sd_constant", "passes",
+                   "task_verdict"]])]
+
+
+@view
 def distill_all(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     """The ALL column of ``table_<task>.csv`` for every task, in the paper's layout (variants × task)."""
     columns: dict[str, pd.Series] = {}
@@ -335,9 +345,9 @@ def distill_claims(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     """The papers' claims on the ALL test sets: paired difference over seeds, its 95% CI and the verdict."""
     claims = _csv(folder, "claims.csv")
     claims = claims[claims.test_set == "ALL"]
-    return [("the papers' claims as paired differences over seeds (better − baseline; the papers claim score ↑ and "
-             "SD ↓), reports/distill/claims.csv",
-             claims[["task", "claim", "metric", "seeds", "mean_difference", "ci95", "verdict"]])]
+    return [("the papers' claims and the mechanism arms as paired differences over seeds (first − second; the papers "
+             "claim score ↑ and SD ↓), reports/distill/claims.csv",
+             claims[["task", "arm", "claim", "metric", "seeds", "mean_difference", "ci95", "verdict"]])]
 
 
 # ------------------------------------------------------------------------------------------- page

@@ -1,10 +1,12 @@
 """Stage ``estimate_bias`` — each teacher's probability bias B_k (KNOT §5.2, app. D.1).
 
 Each client feeds its own teacher random texts drawn from its own tokenizer vocabulary and sends the server
-the argmax frequencies B_k as a histogram message — the reference point of the L2-confidence weight E. The
-frozen global model's bias is estimated too (it is one more teacher under learning without forgetting).
-Writes ``reports/bias/`` (the table, the figure) and the bias messages ``data/text_bias/<task>.npz``. One
-job per (task, teacher).
+the argmax frequencies B_k as a histogram message — the reference point of the L2-confidence weight E. From the
+same pass it also sends, for the ablation, the soft bias: the mean probability row on those texts (not the
+papers' definition; a near-uniform teacher has a near-one-hot B_k but a near-uniform soft bias). The frozen
+global model's biases are estimated too (it is one more teacher under learning without forgetting). Writes
+``reports/bias/`` (the tables ``bias.csv`` and ``bias_soft.csv``, the figure of B_k) and the bias messages of
+both kinds ``data/text_bias/<task>.npz``. One job per (task, teacher).
 """
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ from pydantic import Field
 from otfed.data.text import TextFederation, load_text_federation
 from otfed.data.text.store import FILES
 from otfed.device import stage_device
-from otfed.distill.bias import probability_bias, random_texts
+from otfed.distill.bias import probability_biases, random_texts
 from otfed.errors import DataError
-from otfed.federation.knot import bias_message, save_messages
+from otfed.federation.knot import bias_message, save_messages, soft_bias_message
 from otfed.federation.messages import Message
 from otfed.figures import distill as figs
 from otfed.models import TextClassifier
@@ -107,35 +109,44 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
 
 def party_bias(task: str, party: str, model_dir: str, n_texts: int, text_length: int, batch_size: int,
-               seed: int, device: str) -> tuple[dict[str, Any], Message]:
+               seed: int, device: str) -> tuple[dict[str, Any], dict[str, Any], list[Message]]:
     """B_k of one teacher (KNOT §5.2, app. D.1): argmax frequencies on ``n_texts`` random texts of
     ``text_length`` entries drawn uniformly from the teacher's own tokenizer vocabulary, on ``device`` (the
-    predictions and their counts stay there until the end). Client side: the client sends only the
-    histogram message."""
+    predictions and their counts stay there until the end) — and, from the same pass, the ablation's soft
+    bias, the mean probability row. Client side: the client sends only the two histogram messages.
+    Returns the ``bias.csv`` row, the ``bias_soft.csv`` row and the messages (hard, then soft)."""
     clf = TextClassifier.load(model_dir, device=device)
     texts = random_texts(vocabulary(clf.tokenizer), n_texts, text_length, rng=seed)
-    bias = probability_bias(lambda batch: clf.predict_proba_tensor(batch, batch_size=len(batch)), texts,
-                            batch_size=batch_size, n_labels=len(clf.labels), description=f"bias {task}/{party}")
-    b = bias.numpy()
+    hard, soft = probability_biases(lambda batch: clf.predict_proba_tensor(batch, batch_size=len(batch)), texts,
+                                    batch_size=batch_size, n_labels=len(clf.labels),
+                                    description=f"bias {task}/{party}")
+    b, s = hard.numpy(), soft.numpy()
     row = {"task": task, "party": party, **{label: float(v) for label, v in zip(clf.labels, b)},
            "max_share": float(b.max()), "majority_label": clf.labels[int(b.argmax())]}
-    return row, bias_message(party, b)
+    soft_row = {"task": task, "party": party, **{label: float(v) for label, v in zip(clf.labels, s)},
+                "max_share": float(s.max()), "majority_label": clf.labels[int(s.argmax())],
+                "l2_to_hard": float(((s - b) ** 2).sum() ** 0.5)}
+    return row, soft_row, [bias_message(party, b), soft_bias_message(party, s)]
 
 
 # ------------------------------------------------------------------------------------------ report
-def report(p: Params, results: list[tuple[dict[str, Any], Message]], out: Report,
+def report(p: Params, results: list[tuple[dict[str, Any], dict[str, Any], list[Message]]], out: Report,
            dirs: Mapping[str, Path]) -> dict[str, Any]:
-    """The bias messages (``data/text_bias/<task>.npz``), ``bias.csv`` and the figure; headline: each
-    teacher's largest label share."""
+    """The bias messages of both kinds (``data/text_bias/<task>.npz``), ``bias.csv`` (B_k, the argmax shares),
+    ``bias_soft.csv`` (the ablation's mean probability rows, the same layout, and ``l2_to_hard`` = ‖soft − B_k‖₂)
+    and the figure of B_k; headline: each teacher's largest label share in B_k."""
     rows: list[dict[str, Any]] = []
+    soft_rows: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
     for task in p.train_teachers.tasks:
-        mine = [(row, message) for row, message in results if row["task"] == task]
-        save_messages(dirs[layout.TEXT_BIAS] / f"{task}.npz", [m for _, m in mine])
-        rows.extend(r for r, _ in mine)
-        metrics[task] = {r["party"]: round(r["max_share"], 4) for r, _ in mine}
+        mine = [result for result in results if result[0]["task"] == task]
+        save_messages(dirs[layout.TEXT_BIAS] / f"{task}.npz", [m for *_, messages in mine for m in messages])
+        rows.extend(r for r, _, _ in mine)
+        soft_rows.extend(s for _, s, _ in mine)
+        metrics[task] = {r["party"]: round(r["max_share"], 4) for r, _, _ in mine}
     table = pd.DataFrame(rows)
     out.table(table, "bias.csv")
+    out.table(pd.DataFrame(soft_rows), "bias_soft.csv")
     out.figure(figs.bias_figure(table), "bias.png")
     return metrics
 

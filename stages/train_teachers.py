@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,6 +48,11 @@ class TrainTeachersParams(Strict):
     party_training: dict[str, TrainingConfig] = Field(
         {}, description="'<task>.<party>' → training settings for that party (e.g. a transformer teacher's lower lr).")
     predict_batch_size: int = Field(128, ge=1)
+    global_vocabulary: Literal["own", "own+transfer"] = Field(
+        "own+transfer", description="The texts the global model's word-piece vocabulary is built from: its own "
+                                    "train split, or that and the unlabelled transfer texts — both the server's, so "
+                                    "no client text is used — so that the student distilled from it can represent "
+                                    "the words of the texts it distils on.")
 
 
 def check(p: Params) -> None:
@@ -104,6 +109,8 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
                 task=task, party=party, model=tt.party_models.get(key, tt.model),
                 training=tt.party_training.get(key, tt.training), transfer_texts=fed.transfer_texts,
                 label_names=fed.label_names,
+                vocabulary_texts=(fed.transfer_texts if party.role == "global" and tt.global_vocabulary ==
+                                  "own+transfer" else ()),
                 out_dir=str(models / task / party.name), seed=seed, device=device,
                 predict_batch_size=tt.predict_batch_size)))
     return out
@@ -111,14 +118,16 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
 
 def train_party(task: str, party: TextParty, model: ModelSpec, training: TrainingConfig,
                 transfer_texts: Sequence[str], label_names: Sequence[str], out_dir: str, seed: int, device: str,
-                predict_batch_size: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[Message]]:
+                predict_batch_size: int, vocabulary_texts: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]], list[Message]]:
     """Train one party's model on its own data (KNOT §6 teachers: cross-entropy, early stopping on
-    validation macro-F1), save it to ``out_dir``, and label the transfer set client-side.
+    validation macro-F1), save it to ``out_dir``, and label the transfer set client-side. The word-piece
+    vocabulary is built from the party's train texts and ``vocabulary_texts`` (the global model: the server's
+    transfer texts, :attr:`TrainTeachersParams.global_vocabulary`).
 
     Returns the Table 1 row, the per-epoch history and the client's outgoing messages.
     """
     start = time.perf_counter()
-    clf = build_classifier(model, label_names, party.train.texts, seed=seed, device=device)
+    clf = build_classifier(model, label_names, [*party.train.texts, *vocabulary_texts], seed=seed, device=device)
     result = train_classifier(clf, party.train.texts, party.train.labels, party.val.texts, party.val.labels,
                               training, seed=seed, progress=True, description=f"{task}/{party.name}")
     history = [{"task": task, "party": party.name, **record} for record in result.history]

@@ -58,8 +58,11 @@ def test_task_without_partition_is_refused(raw: dict) -> None:
 def test_distill_without_bias_weighting_needs_no_estimate_bias(raw: dict) -> None:
     data = raw
     del data["estimate_bias"]
-    data["distill"].update(weightings=["A", "D", "U"], one_hot_ablation=False)
+    data["distill"].update(weightings=["A", "D", "U"], one_hot_ablation=False, soft_bias=False, mixture_weightings=["A"])
     assert validate_params(data).estimate_bias is None
+    for arm in ({"soft_bias": True}, {"mixture_weightings": ["E"]}):  # E with either bias needs the biases
+        with pytest.raises(ConfigError, match="estimate_bias: required by distill"):
+            validate_params({**data, "distill": {**data["distill"], **arm}})
     data["distill"]["one_hot_ablation"] = True  # the ablation is a Sinkhorn-E student
     with pytest.raises(ConfigError, match="estimate_bias: required by distill.weightings 'E' / one_hot_ablation"):
         validate_params(data)

@@ -130,11 +130,11 @@ def test_no_coercion_to_numbers(config_error, mutate, expected: str) -> None:
 
 def test_ints_are_valid_floats_and_lists_still_validate_into_tuples(raw: dict) -> None:
     data = copy.deepcopy(raw)
-    data["distill"]["lr"] = 1
+    data["distill"]["gate_threshold"] = 1
     data["barycenter_valuation"]["detection"]["noise_std"] = 2
     data["fed_distance"]["otdd"]["fedwad"]["init_scale"] = 3
     p = validate_params(data)
-    assert p.distill.lr == 1.0 and isinstance(p.distill.lr, float)
+    assert p.distill.gate_threshold == 1.0 and isinstance(p.distill.gate_threshold, float)
     assert p.barycenter_valuation.detection.noise_std == 2.0
     assert p.partition.text.tasks["sa"].locals == ("cell_phones", "musical_instruments", "digital_music")
 

@@ -267,9 +267,9 @@ def students(reports: Reports) -> pd.DataFrame:
 
 
 # --- The two commands (the stage runs themselves were timed by hand: not checked)
-quote("teacher count", "train_teachers 1m08s for {} models", "reports/teachers/teachers.csv",
+quote("teacher count", "train_teachers 2m01s for {} models", "reports/teachers/teachers.csv",
       lambda r: [len(r.csv("reports/teachers/teachers.csv"))])
-quote("student count", "for {} students ({} variants × {} seeds × {} tasks)", "reports/distill/results.csv",
+quote("student count", "for {} students ({} variants × {} seeds × {} task:", "reports/distill/results.csv",
       lambda r: [len(students(r)), students(r)["variant"].nunique(), students(r)["seed"].nunique(),
                  students(r)["task"].nunique()])
 
@@ -688,6 +688,10 @@ quote("claims: KNOT membership", "loss-attack ROC AUC {} (NLI), {} (SA), {} (ERC
       "accuracy gap {} / {} / {}", MEMBERSHIP,
       lambda r: [membership(r, "nli", "loss_auc"), membership(r, "sa", "loss_auc"), membership(r, "erc", "loss_auc"),
                  membership(r, "nli", "gap"), membership(r, "sa", "gap"), membership(r, "erc", "gap")])
+
+
+def all_or_count(count: int, total: int) -> str:
+    return "all" if count == total else f"{count}-of"
 
 
 def min_max(values: Iterator[float] | Sequence[float]) -> list[float]:
@@ -1116,14 +1120,15 @@ quote("duplication", "duplicating a client's whole dataset {}–{}× leaves the 
       lambda r: [duplication(r)[key] for key in ("fewest", "most", "change", "datum")])
 
 
-# --- KNOT text track (reports/teachers/, reports/bias/, reports/distill/)
+# --- KNOT text track (reports/teachers/, reports/distill/)
 TEACHERS = "reports/teachers/teachers.csv"
 SUMMARY = "reports/distill/summary.csv"
 CLAIMS = "reports/distill/claims.csv"
-RESULTS = "reports/distill/results.csv"
-BIAS = "reports/bias/bias.csv"
+GATE = "reports/distill/gate.csv"
+TEXT_PARTIES = "reports/partition/text_parties.csv"
 TASKS = ("sa", "erc", "nli")
-VERDICT_MARKS = {"replicates": "✅", "reversed": "❌", "undecided": "≈"}
+VERDICT_MARKS = {"replicates": "✅", "reversed": "❌", "undecided": "≈", "first better": "▲", "second better": "▼",
+                 "uninformative": "∅"}
 
 
 def teachers(r: Reports, task: str, role: str | None = None) -> pd.DataFrame:
@@ -1135,144 +1140,159 @@ def teacher(r: Reports, task: str, party: str, column: str = "test_score") -> fl
     return r.row(TEACHERS, task=task, party=party)[column]
 
 
-quote("text setting sizes", "SA {} / {} / {}, ERC {} / {} / {}, NLI {} / {} / {} / {} / {}), so weighting D",
-      TEACHERS, lambda r: [n for task in TASKS for n in teachers(r, task, "local")["n_train"]])
-quote("text setting global", "*a global party with little labelled data* ({}–{} training texts)", TEACHERS,
+quote("text setting sizes", "(`max_train: null`: SA {} / {} / {}, ERC {} / {} / {}, NLI {} per genre)", TEACHERS,
+      lambda r: [*teachers(r, "sa", "local")["n_train"], *teachers(r, "erc", "local")["n_train"],
+                 one_value(teachers(r, "nli", "local")["n_train"].tolist(), "NLI local train sizes")])
+quote("text setting global", "({}–{} training texts): little labelled", TEACHERS,
       lambda r: min_max(r.csv(TEACHERS)[r.csv(TEACHERS)["role"] == "global"]["n_train"]))
-quote("teachers", "every SA party beats its baseline — cell_phones {} (baseline {}, bag of words, {} texts), "
-      "musical_instruments {} ({}, the BERT-tiny shape), digital_music {} ({}), the global baby model {} ({}, {} "
-      "texts). ERC's local teachers beat theirs ({}–{} vs {}–{}) but the global DailyDialog model ({} texts,", TEACHERS,
-      lambda r: [teacher(r, "sa", "cell_phones"), teacher(r, "sa", "cell_phones", "majority_score"),
-                 teacher(r, "sa", "cell_phones", "n_train"),
-                 *(teacher(r, "sa", party, column) for party in ("musical_instruments", "digital_music")
-                   for column in ("test_score", "majority_score")),
-                 teacher(r, "sa", "baby"), teacher(r, "sa", "baby", "majority_score"),
-                 teacher(r, "sa", "baby", "n_train"),
-                 *min_max(teachers(r, "erc", "local")["test_score"]),
-                 *min_max(teachers(r, "erc", "local")["majority_score"]),
-                 teacher(r, "erc", "dd_chunk3", "n_train")])
-# ("0–3 of each rare emotion" in between: no report says which emotions are rare)
-quote("teachers, ERC global and NLI", "stays at its baseline {}. NLI stays near chance: {}–{} accuracy against "
-      "baselines {}–{} (fiction's {} is below its {})", TEACHERS,
-      lambda r: [one_value([teacher(r, "erc", "dd_chunk3"), teacher(r, "erc", "dd_chunk3", "majority_score")],
-                           "the global ERC model's score and its baseline"),
-                 *min_max(teachers(r, "nli")["test_score"]), *min_max(teachers(r, "nli")["majority_score"]),
-                 teacher(r, "nli", "fiction"), teacher(r, "nli", "fiction", "majority_score")])
+quote("text setting transfer", "SNLI rows the global party does not use (NLI); {} / {} / {} texts;", TEXT_PARTIES,
+      lambda r: [r.row(TEXT_PARTIES, task=task, role="transfer")["n"] for task in TASKS])
+quote("text setting audit", "*a labelled audit slice* (`audit: 300`): {} transfer texts keep their labels", GATE,
+      lambda r: [one_value(r.csv(GATE)["n"].tolist(), "audit slice size")])
+
+for _task in TASKS:
+    for _party in ({"sa": ["cell_phones", "musical_instruments", "digital_music", "baby"],
+                    "erc": ["dd_chunk1", "dd_chunk2", "meld", "dd_chunk3"],
+                    "nli": ["fiction", "government", "slate", "telephone", "travel", "snli"]}[_task]):
+        quote(f"gate: {_task}/{_party}", f"| {_task} | {_party} | {{=}} | {{}} ({{}}) | {{}} | {{}} ({{}}) | {{=}} |",
+              f"{TEACHERS}, {GATE}",
+              lambda r, task=_task, party=_party: [
+                  teacher(r, task, party, "role"), teacher(r, task, party), teacher(r, task, party, "majority_score"),
+                  *(r.row(GATE, task=task, teacher=party)[c] for c in ("informativeness", "semantic_distance",
+                                                                       "sd_constant")),
+                  "pass" if r.row(GATE, task=task, teacher=party)["passes"] else "fail"])
 
 
-def student(r: Reports, task: str, variant: str) -> pd.Series:
-    return r.row(SUMMARY, task=task, variant=variant, test_set="ALL")
+def gate_of(r: Reports, task: str, role: str) -> pd.DataFrame:
+    table = r.csv(GATE)
+    return table[(table["task"] == task) & (table["role"] == role)]
 
 
-def student_row(r: Reports, variant: str) -> list[float]:
-    values: list[float] = []
-    for task in TASKS:
-        row = student(r, task, variant)
-        for metric in ("score", "semantic_distance"):
-            values += [row[metric]] if row["seeds"] == 1 else [row[metric], row[f"{metric}_ci95"]]
-    return values
+quote("gate: ERC and NLI", "no ERC teacher reaches Spearman {} on DailyDialog's fourth chunk (best {}), and every "
+      "NLI model, the global one included, is at chance (Spearman ≤ {<=}, SD no better than a constant)", GATE,
+      lambda r: [one_value(r.csv(GATE)["task"].map(lambda _: 0.3).tolist(), "threshold"),
+                 gate_of(r, "erc", "local")["informativeness"].max(),
+                 r.csv(GATE)[r.csv(GATE)["task"] == "nli"]["informativeness"].max()])
+quote("gate: verdicts", "So **ERC and NLI cannot be tested here**", GATE,
+      lambda r: [] if {t: r.row(GATE, task=t, role="global")["task_verdict"] for t in TASKS} == {
+          "sa": "testable", "erc": "cannot test here", "nli": "cannot test here"} else ["the gate's verdicts moved"])
 
 
-quote("students seeds", "**Students** — mean ± 95% CI over {} paired seeds, ALL test set", SUMMARY,
-      lambda r: [r.csv(SUMMARY)[r.csv(SUMMARY)["loss"].notna()]["seeds"].max()])
-quote("students: global", "| global (no distillation) | {} | {} | {} | {} | {} | {} |", SUMMARY,
-      lambda r: student_row(r, "global (no distillation)"))
+def sa_student(r: Reports, variant: str) -> pd.Series:
+    return r.row(SUMMARY, task="sa", variant=variant, test_set="ALL")
+
+
+STUDENT_COLUMNS = ("sd_skill", "informativeness", "expected_label_mean", "expected_label_spread")
+quote("students: global", "| global (no distillation) | {} | {} | {} | {} | {} | {} | — |", SUMMARY,
+      lambda r: [sa_student(r, "global (no distillation)")[c] for c in ("score", "semantic_distance",
+                                                                          *STUDENT_COLUMNS)])
 for _variant in ["Sinkhorn-A", "Sinkhorn-D", "Sinkhorn-U", "Sinkhorn-E", "Entropy-A", "Entropy-D", "Entropy-U",
-                 "Entropy-E", "Sinkhorn-E-onehot"]:
-    quote(f"students: {_variant}", f"| {_variant} | " + " | ".join(["{} ± {}"] * 6) + " |", SUMMARY,
-          lambda r, variant=_variant: student_row(r, variant))
+                 "Entropy-E", "Sinkhorn-E-onehot", "Sinkhorn-mixture-A", "Sinkhorn-mixture-E", "Sinkhorn-E-soft",
+                 "Entropy-E-soft"]:
+    quote(f"students: {_variant}", f"| {_variant} | {{}} ± {{}} | {{}} ± {{}} | {{}} | {{}} | {{}} | {{}} | {{}} |",
+          SUMMARY, lambda r, variant=_variant: [sa_student(r, variant)[c] for c in (
+              "score", "score_ci95", "semantic_distance", "semantic_distance_ci95", *STUDENT_COLUMNS, "epochs")])
 
 
-def claim_row(r: Reports, claim: str) -> list[float | str]:
-    values: list[float | str] = []
-    for task in TASKS:
-        for metric in ("score", "semantic_distance"):
-            row = r.row(CLAIMS, task=task, test_set="ALL", claim=claim, metric=metric)
-            values += [VERDICT_MARKS.get(row["verdict"], row["verdict"]), row["mean_difference"], row["ci95"]]
+def students_only(r: Reports) -> pd.DataFrame:
+    table = r.csv(SUMMARY)
+    return table[(table["task"] == "sa") & (table["test_set"] == "ALL") & table["arm"].notna()
+                 & (table["arm"] != "")]
+
+
+quote("students skill", "Every student beats its constant (SD skill {}–{})", SUMMARY,
+      lambda r: min_max(students_only(r)["sd_skill"]))
+quote("students constant", "1 − SD / the best constant's SD ({}: predicting 3 stars)", SUMMARY,
+      lambda r: [one_value(r.csv(SUMMARY)[(r.csv(SUMMARY)["task"] == "sa")]["sd_constant"].tolist(),
+                           "SA best constant")])
+quote("students seeds", "**SA students** — mean ± 95% CI over {} paired seeds", SUMMARY,
+      lambda r: [students_only(r)["seeds"].max()])
+
+
+def comparison(r: Reports, claim: str, metric: str) -> pd.Series:
+    return r.row(CLAIMS, task="sa", test_set="ALL", claim=claim, metric=metric)
+
+
+def comparison_row(r: Reports, claim: str) -> list[float | str]:
+    values: list[float | str] = [comparison(r, claim, "score")["arm"]]
+    for metric in ("score", "semantic_distance"):
+        row = comparison(r, claim, metric)
+        values += [VERDICT_MARKS[row["verdict"]], row["mean_difference"], row["ci95"]]
     return values
 
 
 for _claim in ["Sinkhorn-A vs Entropy-A", "Sinkhorn-D vs Entropy-D", "Sinkhorn-U vs Entropy-U",
                "Sinkhorn-E vs Entropy-E", "Sinkhorn-E vs Sinkhorn-A", "Sinkhorn-E vs Sinkhorn-D",
                "Sinkhorn-E vs Sinkhorn-U", "Entropy-E vs Entropy-A", "Entropy-E vs Entropy-D",
-               "Entropy-E vs Entropy-U"]:
-    quote(f"claims: {_claim}", f"| {_claim} | " + " | ".join(["{=} {} ± {}"] * 6) + " |", CLAIMS,
-          lambda r, claim=_claim: claim_row(r, claim))
+               "Entropy-E vs Entropy-U", "Sinkhorn-E vs Sinkhorn-E-onehot", "Sinkhorn-mixture-A vs Entropy-A",
+               "Sinkhorn-mixture-A vs Sinkhorn-A", "Sinkhorn-mixture-E vs Entropy-E", "Sinkhorn-mixture-E vs Sinkhorn-E",
+               "Sinkhorn-E-soft vs Sinkhorn-A", "Sinkhorn-E-soft vs Sinkhorn-E", "Entropy-E-soft vs Entropy-A",
+               "Entropy-E-soft vs Entropy-E", *(f"{v} vs global" for v in (
+                   "Sinkhorn-A", "Sinkhorn-D", "Sinkhorn-U", "Sinkhorn-E", "Entropy-A", "Entropy-D", "Entropy-U",
+                   "Entropy-E"))]:
+    quote(f"comparison: {_claim}", f"| {{=}} | {_claim} | {{=}} {{}} ± {{}} | {{=}} {{}} ± {{}} |", CLAIMS,
+          lambda r, claim=_claim: comparison_row(r, claim))
 
 
-def verdicts(r: Reports, better: str, baseline: str, metric: str) -> dict[str, int]:
-    """How many ALL-test-set claims "``better`` vs ``baseline``" (regular expressions) end in each verdict."""
+def sd_difference(r: Reports, claim: str) -> float:
+    return comparison(r, claim, "semantic_distance")["mean_difference"]
+
+
+def sd_with_ci(r: Reports, claim: str) -> list[float]:
+    row = comparison(r, claim, "semantic_distance")
+    return [row["mean_difference"], row["ci95"]]
+
+
+quote("Sinkhorn vs Entropy", "*fails* for eq. 3 as written with A, D and E (SD higher by {}, {}, {}), replicates "
+      "only with U ({})", CLAIMS,
+      lambda r: [sd_difference(r, f"Sinkhorn-{w} vs Entropy-{w}") for w in "ADEU"])
+quote("mixture arm", "lowers SD against eq. 3's Sinkhorn (A {}, E {}) and lands with Entropy (A {} ± {}, E {} ± {}: "
+      "undecided)", CLAIMS,
+      lambda r: [sd_difference(r, "Sinkhorn-mixture-A vs Sinkhorn-A"), sd_difference(r, "Sinkhorn-mixture-E vs Sinkhorn-E"),
+                 *sd_with_ci(r, "Sinkhorn-mixture-A vs Entropy-A"), *sd_with_ci(r, "Sinkhorn-mixture-E vs Entropy-E")])
+quote("soft bias", "E lowers SD against A for both losses (Sinkhorn {}, Entropy {}) and against argmax-E ({}, {})",
+      CLAIMS, lambda r: [sd_difference(r, f"{loss}-E-soft vs {loss}-{w}") for w in "AE"
+                         for loss in ("Sinkhorn", "Entropy")])
+quote("one-hot", "undecided on SD ({} ± {})", CLAIMS, lambda r: sd_with_ci(r, "Sinkhorn-E vs Sinkhorn-E-onehot"))
+
+
+def distillation(r: Reports) -> list[float | str]:
     table = r.csv(CLAIMS)
-    chosen = table[(table["test_set"] == "ALL") & (table["metric"] == metric)
-                   & table["better"].str.fullmatch(better) & table["baseline"].str.fullmatch(baseline)]
-    counts = chosen["verdict"].value_counts().to_dict()
-    return {"total": len(chosen), **{verdict: counts.get(verdict, 0) for verdict in VERDICT_MARKS}}
+    rows = table[(table["task"] == "sa") & (table["test_set"] == "ALL") & (table["arm"] == "distillation")]
+    score = rows[rows["metric"] == "score"]
+    up = score[score["verdict"] == "replicates"]
+    sd = rows[rows["metric"] == "semantic_distance"]
+    raised = sd[sd["verdict"] == "reversed"]
+    return [len(up), len(score), *min_max(up["mean_difference"]),
+            sd_difference(r, "Sinkhorn-U vs global"), len(raised), *min_max(raised["mean_difference"])]
 
 
-def all_or_count(count: int, total: int) -> str:
-    return "all" if count == total else f"{count}-of"
+quote("distillation", "macro-F1 yes for {} of {} students ({} to {}), SD *no*: only Sinkhorn-U lowers it ({}), "
+      "Entropy-U ties and the other {=} raise it by {}–{}", CLAIMS,
+      lambda r: [*distillation(r)[:5], NUMBER_WORDS[distillation(r)[5]], *distillation(r)[6:]])
+quote("distillation spread", "spread less across the true labels than the global model's ({}–{} against {})", SUMMARY,
+      lambda r: [*min_max(students_only(r)[students_only(r)["arm"] == "replication"]["expected_label_spread"]),
+                 sa_student(r, "global (no distillation)")["expected_label_spread"]])
 
 
-def weighting_e(r: Reports) -> list[float | str]:
-    sd = verdicts(r, r".*-E", r".*-[ADU]", "semantic_distance")
-    score = verdicts(r, r".*-E", r".*-[ADU]", "score")
-    claims = r.csv(CLAIMS)
-    losses = claims["better"].str.split("-").str[0].nunique()
-    within_loss = claims[claims["better"].str.endswith("-E")
-                         & (claims["better"].str.split("-").str[0] == claims["baseline"].str.split("-").str[0])]
-    weightings = within_loss["baseline"].str.split("-").str[1].nunique()
-    return [all_or_count(sd["replicates"], sd["total"]), sd["total"], claims["task"].nunique(), losses,
-            weightings, score["replicates"], score["total"]]
+quote("soft bias example", "musical_instruments' mean softmax on random texts is near uniform (largest share {}, "
+      "`bias_soft.md`) while its argmax bias puts {} on one label", "reports/bias/bias_soft.csv, reports/bias/bias.csv",
+      lambda r: [r.row("reports/bias/bias_soft.csv", task="sa", party="musical_instruments")["max_share"],
+                 r.row("reports/bias/bias.csv", task="sa", party="musical_instruments")["max_share"]])
+
+TARGETS = "reports/studies/knot_targets.csv"
 
 
-def sinkhorn_vs_entropy(r: Reports) -> list[float | str]:
-    sd = verdicts(r, r"Sinkhorn-.*", r"Entropy-.*", "semantic_distance")
-    score = verdicts(r, r"Sinkhorn-.*", r"Entropy-.*", "score")
-    return [all_or_count(sd["reversed"], sd["total"]), sd["total"], score["replicates"], score["reversed"],
-            score["undecided"]]
+def target(r: Reports, kind: str, name: str) -> float:
+    return r.row(TARGETS, task="sa", kind=kind, name=name)["spread"]
 
 
-def distillation_gain(r: Reports) -> list[float | str]:
-    students = r.csv(SUMMARY)
-    students = students[(students["test_set"] == "ALL") & students["loss"].notna()]
-
-    def best(task: str) -> pd.Series:
-        return students[students["task"] == task].sort_values("score").iloc[-1]
-
-    nli = students[students["task"] == "nli"]["score"]
-    return [student(r, "erc", "global (no distillation)")["score"], best("erc")["score"], best("erc")["variant"],
-            student(r, "nli", "global (no distillation)")["score"], *min_max(nli),
-            student(r, "sa", "global (no distillation)")["score"], best("sa")["score"], best("sa")["score_ci95"]]
-
-
-def collapsed(r: Reports) -> list[float]:
-    results = r.csv(RESULTS)
-    chosen = results[(results["task"] == "sa") & (results["test_set"] == "ALL")
-                     & results["variant"].isin(["Sinkhorn-U", "Sinkhorn-E-onehot"])]
-    return [one_value(chosen["score"].tolist(), "SA score of Sinkhorn-U and Sinkhorn-E-onehot over seeds")]
-
-
-def sa_bias(r: Reports) -> list[float | str]:
-    table = r.csv(BIAS)
-    local = table[(table["task"] == "sa")
-                  & table["party"].isin(teachers(r, "sa", "local")["party"])]
-    global_party = teachers(r, "sa", "global")["party"].iloc[0]
-    global_row = r.row(BIAS, task="sa", party=global_party)
-    return [*(100 * v for v in min_max(local["max_share"])), 100 * global_row["max_share"],
-            global_row["majority_label"]]
-
-
-quote("weighting E", "it lowers the Semantic Distance against A, D and U in {=} {} comparisons ({} tasks × {} losses × "
-      "{} weightings) and raises the score in {} of {}", CLAIMS, weighting_e)
-quote("Sinkhorn vs Entropy", "the Sinkhorn student has the *higher* SD in {=} {} comparisons; its score is higher in "
-      "{}, lower in {}, undecided in {}.", CLAIMS, sinkhorn_vs_entropy)
-# ❌ −0.007 ± 0.007 before the kernels were held portable: an earlier run's (commit 5f109f3's claims.csv), not checked
-quote("kernel-moved verdict", "Sinkhorn-U vs Entropy-U on the SA score was ❌ −0.007 ± 0.007 before the kernels were "
-      "held portable and is {=} {} ± {} now", CLAIMS, lambda r: claim_row(r, "Sinkhorn-U vs Entropy-U")[:3])
-quote("distillation gain", "Distillation beats the undistilled global model on ERC ({} → {} with {=}) and NLI "
-      "({} → {}–{}), not on SA ({}; best student {} ± {})", SUMMARY, distillation_gain)
-quote("collapsed students", "(Sinkhorn-U and the one-hot ablation: {} on every seed)", RESULTS, collapsed)
-quote("bias", "put {}–{}% of random texts on one positive label (the global model {}% on {=})", BIAS, sa_bias)
+quote("targets", "musical_instruments' and digital_music's expected labels spread {} and {} across the true labels, "
+      "against {} (cell_phones) and {} (the global model), so the teachers' mixture spreads {} under A (D {}, E {}) "
+      "— flatter targets than the global model's own predictions; U, which down-weights undecided predictions, "
+      "keeps {}", TARGETS,
+      lambda r: [target(r, "teacher", t) for t in ("musical_instruments", "digital_music", "cell_phones", "baby")]
+      + [target(r, "mixture", w) for w in "ADEU"])
 
 
 # --- Benchmarks (reports/bench/)

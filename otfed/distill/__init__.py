@@ -14,16 +14,22 @@ Public names (implementation modules in parentheses):
 - ``sinkhorn_histogram_loss(p, q, cost, eps, ...)`` — T_ε for every sample × teacher
   (these three live in :mod:`otfed.ot.entropic_histograms`, re-exported here for KNOT's readers)
 - ``weights_A``, ``weights_D``, ``weights_U``, ``weights_E``, ``teacher_weights`` — W_k (weights)
-- ``random_texts``, ``probability_bias`` — a teacher's probability bias B_k           (bias)
+- ``random_texts``, ``probability_bias`` — a teacher's probability bias B_k; ``probability_biases`` —
+  the argmax and the soft (mean softmax, an ablation) bias in one pass                  (bias)
 - ``ensemble_loss``, ``kl_histogram_loss``, ``teacher_stack`` — eq. 3, the KL baseline and
-  the teacher stack with the frozen global model last (learning without forgetting)    (losses)
+  the teacher stack with the frozen global model last (learning without forgetting);
+  ``mixture_sinkhorn_loss`` — the one-term ablation against the teachers' mixture      (losses)
+- ``best_constant``, ``teacher_gate`` — whether a Semantic Distance is any better than a constant
+  prediction's, and whether a teacher reads its texts (the module :mod:`otfed.distill.diagnostics` has
+  the rest)                                                                           (diagnostics)
 
 Semantic Distance, macro-F1 and accuracy live in :mod:`otfed.metrics`.
 """
 
-from otfed.distill.bias import random_texts, probability_bias
+from otfed.distill.bias import random_texts, probability_bias, probability_biases
+from otfed.distill.diagnostics import best_constant, teacher_gate
 from otfed.label_space import LabelSpace
-from otfed.distill.losses import ensemble_loss, kl_histogram_loss, teacher_stack
+from otfed.distill.losses import ensemble_loss, kl_histogram_loss, mixture_sinkhorn_loss, teacher_stack
 from otfed.ot.entropic_histograms import HistogramTransport, entropic_histogram_transport, sinkhorn_histogram_loss
 from otfed.distill.weights import teacher_weights, weights_A, weights_D, weights_E, weights_U
 
@@ -39,7 +45,11 @@ __all__ = [
     "teacher_weights",
     "random_texts",
     "probability_bias",
+    "probability_biases",
     "ensemble_loss",
+    "mixture_sinkhorn_loss",
+    "best_constant",
+    "teacher_gate",
     "kl_histogram_loss",
     "teacher_stack",
 ]

@@ -6,6 +6,11 @@ replacement, from the tokenizer's whole vocabulary (30,522 entries for bert-base
 "##" word-piece entries included) and joined by spaces; the papers use 100,000 such texts. The estimate
 is the plain frequency of each argmax label (no smoothing, so B sums to 1). The bias is the reference
 point of the L2-confidence weight E (:func:`otfed.distill.weights.weights_E`).
+
+Ablation, not the papers' definition: the *soft* bias, the mean predicted probability row on the same
+random texts, E_{x∼N}[h(x)]. A near-uniform teacher has an almost one-hot argmax bias (its ties and
+near-ties all fall on one label) but a near-uniform soft bias; :func:`probability_biases` returns both
+from one pass over the texts.
 """
 from __future__ import annotations
 
@@ -43,13 +48,67 @@ def random_texts(
     return texts
 
 
-def _predicted_labels(scores) -> tuple[torch.Tensor, int]:
-    """(argmax label per row, number of labels) of a batch of scores; a tensor's stay on its device."""
+#: Largest |Σ_l p_l − 1| accepted for a predicted probability row of the soft bias.
+ROW_SUM_TOLERANCE = 1e-4
+
+
+def _scores(scores) -> torch.Tensor:
+    """A batch of scores as a (batch × labels) tensor; a tensor's stays on its device."""
     if not torch.is_tensor(scores):
         scores = torch.as_tensor(np.asarray(scores))
     if scores.ndim != 2:
         raise ValueError(f"predict_proba must return a (batch × labels) array, got shape {tuple(scores.shape)}")
-    return scores.detach().argmax(dim=1), scores.shape[1]
+    return scores.detach()
+
+
+def _biases(predict_proba, texts, batch_size: int, n_labels: int | None, progress: bool, description: str,
+            soft: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(argmax frequencies, mean probability row or None unless ``soft``) in one pass over ``texts``.
+
+    Counts, probability sums and the number of rows that are not probabilities are kept where the
+    predictions are and read back once, at the end."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("no texts to estimate the probability bias from")
+    counts: torch.Tensor | None = None
+    sums: torch.Tensor | None = None
+    bad_rows: torch.Tensor | None = None
+    n_batches = (len(texts) + batch_size - 1) // batch_size
+    for start in tqdm(range(0, len(texts), batch_size), total=n_batches, desc=description, unit="batch",
+                      disable=not progress):
+        batch = texts[start:start + batch_size]
+        scores = _scores(predict_proba(batch))
+        width, device = scores.shape[1], scores.device
+        if len(scores) != len(batch):
+            raise ValueError(f"predict_proba returned {len(scores)} predictions for {len(batch)} texts")
+        if counts is None:
+            counts = torch.zeros(width if n_labels is None else n_labels, dtype=torch.int64, device=device)
+            if soft:
+                sums = torch.zeros(counts.numel(), dtype=torch.float64, device=device)
+                bad_rows = torch.zeros((), dtype=torch.int64, device=device)
+        if width != counts.numel():
+            raise ValueError(f"predict_proba returned {width} label scores, expected {counts.numel()}")
+        # Σ_rows one_hot(label): a bincount without torch.bincount's read-back of the largest label on a GPU
+        counts += (scores.argmax(dim=1)[:, None] == torch.arange(width, device=device)).sum(0)
+        if soft:
+            rows = scores.to(torch.float64)
+            ok = (torch.isfinite(rows).all(1) & (rows >= 0).all(1)
+                  & ((rows.sum(1) - 1).abs() <= ROW_SUM_TOLERANCE))
+            bad_rows += (~ok).sum()
+            sums += torch.where(ok[:, None], rows, torch.zeros_like(rows)).sum(0)
+    frequencies = counts.cpu().numpy()
+    hard = torch.as_tensor(frequencies / frequencies.sum(), dtype=torch.float64)
+    if not soft:
+        return hard, None
+    n_bad = int(bad_rows.cpu())
+    if n_bad:
+        raise ValueError(f"predict_proba returned {n_bad} of {len(texts)} rows that are not probabilities; the "
+                         f"soft bias needs finite, non-negative rows summing to 1 within {ROW_SUM_TOLERANCE:g} "
+                         f"(softmax outputs, not logits)")
+    mean = sums.cpu().numpy() / len(texts)
+    return hard, torch.as_tensor(mean / mean.sum(), dtype=torch.float64)
 
 
 def probability_bias(
@@ -64,30 +123,49 @@ def probability_bias(
     """B = (b_1, …, b_C), b_l = fraction of ``texts`` whose argmax prediction is l (KNOT §5.2, Def. 5.1).
 
     ``predict_proba`` maps a list of at most ``batch_size`` texts to a (batch × C) array or tensor of
-    probabilities (logits work too: only the argmax is used). ``n_labels`` fixes C (default: the width
-    of the first batch's output). Returns a float64 tensor of length C (on the CPU) that sums to 1 — plain
-    frequencies, without the +1 smoothing of the authors' code. Shows a tqdm progress bar per batch
-    unless ``progress=False``. Counts are kept where the predictions are (a GPU tensor from
-    :meth:`otfed.models.TextClassifier.predict_proba_tensor` is never read back per batch) and read once.
+    probabilities (logits work too: only the argmax is used; a tie goes to the first label). ``n_labels``
+    fixes C (default: the width of the first batch's output). Returns a float64 tensor of length C (on the
+    CPU) that sums to 1 — plain frequencies, without the +1 smoothing of the authors' code. Shows a tqdm
+    progress bar per batch unless ``progress=False``. Counts are kept where the predictions are (a GPU tensor
+    from :meth:`otfed.models.TextClassifier.predict_proba_tensor` is never read back per batch) and read once.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-    texts = list(texts)
-    if not texts:
-        raise ValueError("no texts to estimate the probability bias from")
-    counts: torch.Tensor | None = None
-    n_batches = (len(texts) + batch_size - 1) // batch_size
-    for start in tqdm(range(0, len(texts), batch_size), total=n_batches, desc=description, unit="batch",
-                      disable=not progress):
-        batch = texts[start:start + batch_size]
-        labels, width = _predicted_labels(predict_proba(batch))
-        if len(labels) != len(batch):
-            raise ValueError(f"predict_proba returned {len(labels)} predictions for {len(batch)} texts")
-        if counts is None:
-            counts = torch.zeros(width if n_labels is None else n_labels, dtype=torch.int64, device=labels.device)
-        if width != counts.numel():
-            raise ValueError(f"predict_proba returned {width} label scores, expected {counts.numel()}")
-        # Σ_rows one_hot(label): a bincount without torch.bincount's read-back of the largest label on a GPU
-        counts += (labels[:, None] == torch.arange(width, device=labels.device)).sum(0)
-    frequencies = counts.cpu().numpy()
-    return torch.as_tensor(frequencies / frequencies.sum(), dtype=torch.float64)
+    hard, _ = _biases(predict_proba, texts, batch_size, n_labels, progress, description, soft=False)
+    return hard
+
+
+def soft_probability_bias(
+    predict_proba: Callable[[list[str]], "np.ndarray | torch.Tensor"],
+    texts: Iterable[str],
+    batch_size: int = 128,
+    *,
+    n_labels: int | None = None,
+    progress: bool = True,
+    description: str = "soft probability bias",
+) -> torch.Tensor:
+    """The soft bias E_{x∼N}[h(x)]: the mean predicted probability row on ``texts`` — an ablation of KNOT's
+    B (§5.2, app. D.1), which counts argmax labels instead (:func:`probability_bias`).
+
+    Arguments as :func:`probability_bias`, but ``predict_proba`` must return probabilities: every row
+    finite, non-negative and summing to 1 within ``ROW_SUM_TOLERANCE`` (ValueError otherwise, e.g. for
+    logits). Returns a float64 tensor of length C (on the CPU), renormalised to sum to 1 exactly.
+    """
+    return probability_biases(predict_proba, texts, batch_size, n_labels=n_labels, progress=progress,
+                              description=description)[1]
+
+
+def probability_biases(
+    predict_proba: Callable[[list[str]], "np.ndarray | torch.Tensor"],
+    texts: Iterable[str],
+    batch_size: int = 128,
+    *,
+    n_labels: int | None = None,
+    progress: bool = True,
+    description: str = "probability bias",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hard, soft) from one pass of the teacher over ``texts``: KNOT's B, the argmax frequencies (§5.2,
+    app. D.1; the values of :func:`probability_bias`), and the ablation's soft bias, the mean probability
+    row (:func:`soft_probability_bias`, whose requirements on ``predict_proba`` apply). Both float64, on
+    the CPU, summing to 1; accumulated where the predictions are and read back once."""
+    hard, soft = _biases(predict_proba, texts, batch_size, n_labels, progress, description, soft=True)
+    assert soft is not None
+    return hard, soft

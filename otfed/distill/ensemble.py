@@ -16,7 +16,9 @@ class TeacherEnsemble:
     """What the KNOT server knows about its teachers — built from messages only (:func:`teacher_ensemble`).
 
     ``probabilities`` is N×K×C (transfer sample × teacher × label), ``dataset_sizes`` K and ``biases``
-    K×C (None when no bias messages were received). Teacher order is ``names``.
+    K×C (None when no bias messages were received): the papers' argmax frequencies B_k (KNOT §5.2) or, for
+    the ablation, the teachers' mean probability rows on the same random texts — whichever kind the
+    ensemble was built with (``bias_kind`` of :func:`teacher_ensemble`). Teacher order is ``names``.
     """
 
     names: tuple[str, ...]

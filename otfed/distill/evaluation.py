@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from otfed.data.text import TextFederation
+from otfed.distill.diagnostics import diagnostics
 from otfed.label_space import LabelSpace
 from otfed.metrics import mean_confidence_interval, semantic_distance, task_score
 from otfed.models import TextClassifier
@@ -33,10 +34,12 @@ def evaluation_sets(fed: TextFederation) -> list[EvaluationSet]:
 def evaluate(clf: TextClassifier, task: str, sets: Sequence[EvaluationSet], label_space: LabelSpace,
              batch_size: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Score ``clf`` on every test set of :func:`evaluation_sets`: the task score (macro-F1 or accuracy,
-    :func:`otfed.metrics.task_score`) and Semantic Distance (label-wise mean, KNOT §1). ALL reuses the other
-    sets' predictions.
+    :func:`otfed.metrics.task_score`), Semantic Distance (label-wise mean, KNOT §1) and the :data:`DIAGNOSTICS`
+    that say whether that Semantic Distance is any better than a constant's. ALL reuses the other sets'
+    predictions.
 
-    Returns table rows (test_set, n, score, semantic_distance) and each set's N×C probabilities.
+    Returns table rows (test_set, n, score, semantic_distance and the diagnostics) and each set's N×C
+    probabilities.
     """
     rows, probabilities = [], {}
     for name, texts, labels in sets:
@@ -45,10 +48,19 @@ def evaluate(clf: TextClassifier, task: str, sets: Sequence[EvaluationSet], labe
         else:
             probs = clf.predict_proba(list(texts), batch_size=batch_size)
         probabilities[name] = probs
+        extra = diagnostics(probs, labels, label_space)
         rows.append({"test_set": name, "n": int(len(labels)),
                      "score": task_score(task, labels, probs, label_space.n_labels),
-                     "semantic_distance": semantic_distance(probs, labels, label_space)})
+                     "semantic_distance": semantic_distance(probs, labels, label_space),
+                     **{key: float(extra[key]) for key in DIAGNOSTICS}})
     return rows, probabilities
+
+
+#: The diagnostics beside every score (:func:`otfed.distill.diagnostics.diagnostics`): the best constant's
+#: Semantic Distance, SD skill = 1 − SD / that, Spearman(expected label, truth), the expected label's mean (1-D),
+#: its distance from the best constant's and its spread across true labels.
+DIAGNOSTICS = ("sd_constant", "sd_skill", "informativeness", "expected_label_mean", "expected_offset",
+               "expected_label_spread")
 
 
 # ------------------------------------------------------------------- the papers' claims, as statistics
@@ -97,9 +109,11 @@ def paired_claims(rows: pd.DataFrame, claims: Sequence[tuple[str, str, str]], le
                     continue
                 mean, half = mean_confidence_interval(diff, level)
                 low, high = mean - half, mean + half
-                if np.isfinite(half) and sign * low > 0:
+                # the interval in the papers' direction (a lower SD is better: flip it, and its ends swap)
+                near, far = sorted((sign * low, sign * high))
+                if np.isfinite(half) and near > 0:
                     verdict = "replicates"
-                elif np.isfinite(half) and sign * high < 0:
+                elif np.isfinite(half) and far < 0:
                     verdict = "reversed"
                 else:
                     verdict = "undecided"
@@ -112,13 +126,31 @@ def paired_claims(rows: pd.DataFrame, claims: Sequence[tuple[str, str, str]], le
 
 def seed_summary(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Mean and Student-t confidence half-width over seeds of score and Semantic Distance per (task, variant,
-    test set), in the order the rows come (the loss and weighting columns, when present, carried along). A
-    single seed has no interval: half-width NaN."""
+    test set), in the order the rows come (the arm, loss and weighting columns, when present, carried along), and
+    the mean over seeds of the :data:`DIAGNOSTICS`, the epochs kept and the learning rate, when present. A single
+    seed has no interval: half-width NaN."""
     out = []
     for (task, variant, test_set), sub in rows.groupby(["task", "variant", "test_set"], sort=False):
         score, score_ci = mean_confidence_interval(sub.score, level)
         sd, sd_ci = mean_confidence_interval(sub.semantic_distance, level)
-        extra = {key: sub[key].iloc[0] for key in ("loss", "weighting") if key in sub}
+        extra = {key: sub[key].iloc[0] for key in ("arm", "loss", "weighting") if key in sub}
+        means = {key: float(sub[key].mean()) for key in (*DIAGNOSTICS, "epochs", "lr") if key in sub}
         out.append(dict(task=task, variant=variant, test_set=test_set, **extra, seeds=int(len(sub)), score=score,
-                        score_ci95=score_ci, semantic_distance=sd, semantic_distance_ci95=sd_ci))
+                        score_ci95=score_ci, semantic_distance=sd, semantic_distance_ci95=sd_ci, **means))
     return pd.DataFrame(out)
+
+
+def mark_uninformative(claims: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """``claims`` (:func:`paired_claims`) with a column ``statistical_verdict`` (the verdict as computed) and
+    ``verdict`` set to ``uninformative`` where either variant's mean SD skill over the seeds on that test set
+    (``summary``, :func:`seed_summary`) is ≤ 0 or NaN: a student no better than a constant prediction, so the
+    difference compares constants, whatever its interval says."""
+    out = claims.copy()
+    out.insert(out.columns.get_loc("verdict"), "statistical_verdict", out["verdict"])
+    if out.empty:
+        return out
+    skill = summary.set_index(["task", "test_set", "variant"])["sd_skill"]
+    informative = [bool(skill.get((r.task, r.test_set, r.better), np.nan) > 0
+                        and skill.get((r.task, r.test_set, r.baseline), np.nan) > 0) for r in out.itertuples()]
+    out.loc[~np.asarray(informative), "verdict"] = "uninformative"
+    return out

@@ -17,6 +17,7 @@ convergence flag are read back).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -62,9 +63,17 @@ def distill_student(
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
     description: str = "distill",
+    holdout: Holdout | None = None,
+    patience: int | None = None,
 ) -> list[dict[str, Any]]:
     """Fit ``student`` (an :class:`otfed.models.TextClassifier`) to the ensemble with eq. 3; returns the
-    per-epoch history (epoch, loss, seconds).
+    per-epoch history (epoch, loss, seconds; with ``holdout`` also holdout_loss and best).
+
+    **Training to convergence** (``holdout``): the same loss on a held-out split of the transfer set (unlabelled
+    texts with the teachers' predictions and weights: nothing a client did not send) is measured before the first
+    step (epoch 0, the starting model) and after every epoch; training stops once ``patience`` epochs in a row
+    have not lowered it (None: all ``epochs``) and the weights of the epoch with the lowest held-out loss are
+    restored — possibly epoch 0's. No label is looked at.
 
     ``weights`` are N×K (:func:`ensemble_weights`), normalised per sample inside the loss (appendix E).
     Mini-batches come from a seeded local generator; AdamW with ``lr`` and ``weight_decay``. The loss
@@ -98,16 +107,78 @@ def distill_student(
     options = {} if kind == "kl" else {"cost": cost, "eps": eps, "n_iter": sinkhorn_iterations,
                                        "solver": sinkhorn_solver, "threads": threads_for(device)}
     history: list[dict[str, Any]] = []
+    scorer = None if holdout is None else _holdout_scorer(student, holdout, kind, options, batch_size, device)
+    best_loss, best_state, since_best = float("inf"), None, 0
+    if scorer is not None:
+        best_loss, best_state = scorer(), _state(model)
+        history.append({"epoch": 0, "loss": float("nan"), "seconds": 0.0, "holdout_loss": best_loss})
     with seeded_dropout(model, dropout_generator):
         for epoch in range(1, epochs + 1):
             record = _epoch(student, features, probs, w, kind, options, optimizer, generator, batch_size,
                             f"{description} epoch {epoch}/{epochs}", progress)
             record["epoch"] = epoch
+            if scorer is not None:
+                record["holdout_loss"] = scorer()
+                if record["holdout_loss"] < best_loss:
+                    best_loss, best_state, since_best = record["holdout_loss"], _state(model), 0
+                else:
+                    since_best += 1
             history.append(record)
             if on_epoch is not None:
                 on_epoch(record)
+            if patience is not None and since_best >= patience:
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+        best_epoch = min((r for r in history), key=lambda r: r["holdout_loss"])["epoch"]
+        for r in history:
+            r["best"] = r["epoch"] == best_epoch
     model.eval()
     return history
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """A held-out split of the transfer set for :func:`distill_student`'s stopping rule: its texts, the teachers'
+    N×K×C predictions on them and the N×K weights — a slice of what the server already has."""
+
+    texts: Sequence[str]
+    probabilities: np.ndarray
+    weights: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.texts)
+        if n == 0 or np.shape(self.probabilities)[:1] != (n,) or np.shape(self.weights) != np.shape(
+                self.probabilities)[:2]:
+            raise ValueError(f"holdout: {n} texts, predictions {np.shape(self.probabilities)}, weights "
+                             f"{np.shape(self.weights)}; need N ≥ 1 texts, N×K×C predictions and N×K weights")
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _holdout_scorer(student, holdout: Holdout, kind, options, batch_size, device) -> Callable[[], float]:
+    """A function giving the mean loss of ``kind`` on ``holdout`` for the student as it is now (eval mode)."""
+    features = student.pretokenize(list(holdout.texts))
+    probs = torch.as_tensor(holdout.probabilities, dtype=torch.float32).to(device)
+    w = torch.as_tensor(holdout.weights, dtype=torch.float32).to(device)
+    validate_weights(w)
+
+    def score() -> float:
+        student.model.eval()
+        total = EpochLoss()
+        with torch.no_grad():
+            for start in range(0, len(features), batch_size):
+                sl = slice(start, start + batch_size)
+                p = torch.softmax(student.logits(student.collate(features[sl])).float(), dim=-1)
+                if kind == MIXTURE:
+                    loss = mixture_sinkhorn_loss(p, probs[sl], w[sl], check_weights=False, **options)
+                else:
+                    loss = ensemble_loss(p, probs[sl], w[sl], kind=kind, check_weights=False, **options)
+                total.add(loss, p.shape[0])
+        return total.mean()
+    return score
 
 
 def _epoch(student, features, probs, w, kind, options, optimizer, generator, batch_size, description, progress):

@@ -5,7 +5,9 @@ message recorded in the ledger:
 
 - its teacher's predictions h_k(x) on the shared, unlabelled transfer set (:class:`PredictionMessage`),
 - its local dataset size n_k, used only by the "D" weighting (:class:`CountMessage`),
-- its teacher's probability bias B_k, used only by the "E" weighting (:class:`HistogramMessage`).
+- its teacher's probability bias B_k, used only by the "E" weighting (:class:`HistogramMessage`) — the
+  papers' argmax frequencies (kind ``BIAS``) and, for the ablation, the soft bias, its mean probability row
+  on the same random texts (kind ``SOFT_BIAS``); the server uses one of the two (``bias_kind``).
 
 The server never receives client texts, labels or model weights. :func:`teacher_ensemble` is the only
 way the server-side distillation code gets teacher information: it builds a :class:`TeacherEnsemble`
@@ -28,6 +30,9 @@ from otfed.federation.messages import SERVER, CountMessage, HistogramMessage, Me
 PREDICTIONS = "transfer_predictions"
 DATASET_SIZE = "dataset_size"
 BIAS = "probability_bias"
+SOFT_BIAS = "probability_bias_soft"
+#: The histogram kinds that can fill :attr:`TeacherEnsemble.biases`.
+BIAS_KINDS = (BIAS, SOFT_BIAS)
 
 
 def client_messages(party: str, transfer_probabilities: np.ndarray, n_train: int) -> list[Message]:
@@ -43,13 +48,30 @@ def bias_message(party: str, bias: np.ndarray) -> HistogramMessage:
     return HistogramMessage(kind=BIAS, sender=party, receiver=SERVER, histogram=np.asarray(bias, dtype=np.float64))
 
 
-def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = None) -> TeacherEnsemble:
+def soft_bias_message(party: str, bias: np.ndarray) -> HistogramMessage:
+    """A KNOT client's soft probability bias — its teacher's mean probability row on the random texts of
+    app. D.1 (an ablation of B_k, not the papers' definition) — sent for the "E" weighting's ablation."""
+    return HistogramMessage(kind=SOFT_BIAS, sender=party, receiver=SERVER,
+                            histogram=np.asarray(bias, dtype=np.float64))
+
+
+def _check_bias_kind(bias_kind: str) -> None:
+    if bias_kind not in BIAS_KINDS:
+        raise ValueError(f"bias_kind must be one of {list(BIAS_KINDS)}, got {bias_kind!r}")
+
+
+def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = None, *,
+                     bias_kind: str = BIAS) -> TeacherEnsemble:
     """The server's view of the teachers, assembled from received messages (KNOT §3).
 
     Every sender needs one prediction message and one dataset-size message; bias messages are optional
-    but, if any sender sent one, all must have. ``order`` fixes the teacher order (default: order of
-    first prediction message). Raises ValueError naming the sender on a missing or inconsistent message.
+    but, if any sender sent one of kind ``bias_kind``, all must have. ``bias_kind`` picks the histograms that
+    become :attr:`TeacherEnsemble.biases`: ``BIAS``, the papers' argmax frequencies B_k (KNOT §5.2), or
+    ``SOFT_BIAS``, the ablation's mean probability rows; bias messages of the other kind are ignored.
+    ``order`` fixes the teacher order (default: order of first prediction message). Raises ValueError
+    naming the sender on a missing or inconsistent message, and on a ``bias_kind`` outside those two.
     """
+    _check_bias_kind(bias_kind)
     preds: dict[str, np.ndarray] = {}
     sizes: dict[str, int] = {}
     biases: dict[str, np.ndarray] = {}
@@ -60,8 +82,9 @@ def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = 
             preds[m.sender] = m.probabilities
         elif isinstance(m, CountMessage) and m.kind == DATASET_SIZE:
             sizes[m.sender] = m.value
-        elif isinstance(m, HistogramMessage) and m.kind == BIAS:
-            biases[m.sender] = m.histogram
+        elif isinstance(m, HistogramMessage) and m.kind in BIAS_KINDS:
+            if m.kind == bias_kind:
+                biases[m.sender] = m.histogram
         else:
             raise ValueError(f"unexpected message {type(m).__name__} {m.kind!r} from {m.sender!r}")
     names = tuple(order) if order is not None else tuple(preds)
@@ -76,7 +99,8 @@ def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = 
     if len(shapes) != 1:
         raise ValueError(f"teachers sent predictions of different shapes: {sorted(shapes)}")
     if biases and set(names) - set(biases):
-        raise ValueError(f"no probability bias received from {sorted(set(names) - set(biases))}")
+        raise ValueError(f"no probability bias received from {sorted(set(names) - set(biases))} "
+                         f"(kind {bias_kind!r})")
     return TeacherEnsemble(
         names=names,
         probabilities=np.stack([preds[n] for n in names], axis=1),
@@ -85,13 +109,15 @@ def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = 
     )
 
 
-def server_ensemble(messages: Iterable[Message], locals: Sequence[str], global_party: str | None = None,
-                    ) -> TeacherEnsemble:
+def server_ensemble(messages: Iterable[Message], locals: Sequence[str], global_party: str | None = None, *,
+                    bias_kind: str = BIAS) -> TeacherEnsemble:
     """The KNOT server's teacher ensemble from the messages it received (KNOT §3): the local teachers in
     ``locals`` order, then — under learning without forgetting (SPEC §1) — the frozen global model
-    ``global_party`` as one more teacher (None: locals only). Messages from anyone else are ignored."""
+    ``global_party`` as one more teacher (None: locals only). Messages from anyone else are ignored.
+    ``bias_kind`` (``BIAS`` or ``SOFT_BIAS``) picks the bias histograms, as in :func:`teacher_ensemble`."""
+    _check_bias_kind(bias_kind)
     order = [*locals, *([] if global_party is None else [global_party])]
-    return teacher_ensemble([m for m in messages if m.sender in order], order=order)
+    return teacher_ensemble([m for m in messages if m.sender in order], order=order, bias_kind=bias_kind)
 
 
 def save_messages(path: str | Path, messages: Sequence[Message]) -> None:

@@ -112,6 +112,38 @@ def expected_label_boxplots(probabilities: Mapping[str, Mapping[str, np.ndarray]
     return fig
 
 
+def expected_vs_true(probabilities: Mapping[str, Mapping[str, np.ndarray]], labels: np.ndarray, label_space,
+                     constant: np.ndarray, test_set: str = "ALL") -> plt.Figure:
+    """The expected label against the true label, one line per variant: for each ground-truth label, the mean
+    over its test texts of the expected coordinate Σ_l p_l coord(l), one panel per coordinate axis. A model that
+    reads its texts follows the true coordinates (black ticks); a near-constant one lies flat, near the best
+    constant prediction's coordinate (grey dashes: the point a constant must predict to score the lowest
+    Semantic Distance), which is what its Semantic Distance is compared with."""
+    coords = np.asarray(label_space.coordinates, dtype=float)
+    present = [k for k in range(len(coords)) if np.any(labels == k)]
+    n_axes = coords.shape[1]
+    fig, axes = plt.subplots(1, n_axes, figsize=(4.8 * n_axes + 1.8, 3.9), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    for a in range(n_axes):
+        ax = axes[0, a]
+        for j, (variant, by_set) in enumerate(probabilities.items()):
+            e = expected_label_coordinates(by_set[test_set], coords)
+            means = [e[labels == k, a].mean() for k in present]
+            style = dict(color="k", lw=2.2) if variant.startswith("global") else dict(color=cmap(j % 20), lw=1.2)
+            ax.plot(present, means, marker="o", ms=3, label=variant, **style)
+        ax.scatter(present, coords[present, a], marker="_", s=500, color="k", zorder=5, label="true label")
+        ax.axhline(float(constant[a]), color="0.5", ls="--", lw=0.8, label="best constant")
+        ax.set_xticks(present, [label_space.labels[k] for k in present], rotation=20, fontsize=8)
+        ax.set_xlabel("ground-truth label")
+        ax.set_ylabel("mean expected label" if n_axes == 1 else f"mean expected coordinate, axis {a + 1}")
+        ax.grid(lw=0.3)
+    axes[0, 0].set_title(f"{label_space.task.upper()} ({test_set} test): expected vs true label", fontsize=9)
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="center right", fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.78 if n_axes == 1 else 0.86, 1))
+    return fig
+
+
 def sinkhorn_vs_entropy(rows: pd.DataFrame, test_set: str = "ALL") -> plt.Figure:
     """Score and Semantic Distance on ``test_set`` of Sinkhorn vs Entropy for each weighting, per task (KNOT
     tables 2–4): one dot per (loss, weighting) — the mean over seeds with its 95% CI as a bar when the rows
@@ -120,6 +152,8 @@ def sinkhorn_vs_entropy(rows: pd.DataFrame, test_set: str = "ALL") -> plt.Figure
     glob = rows[(rows.test_set == test_set) & rows.variant.astype(str).str.startswith("global")]
     rows = rows[(rows.test_set == test_set) & rows.loss.isin(["sinkhorn", "kl"])
                 & ~rows.variant.str.endswith("onehot")]
+    if "arm" in rows:  # the papers' variants only (the one-hot, mixture and soft-bias arms have their own rows)
+        rows = rows[rows.arm == "replication"]
     tasks = list(dict.fromkeys(rows.task))
     fig, axes = plt.subplots(2, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 5.6), squeeze=False)
     styles = [("sinkhorn", "Sinkhorn", "tab:blue", "o"), ("kl", "Entropy (KL)", "tab:orange", "s")]
@@ -143,20 +177,22 @@ def sinkhorn_vs_entropy(rows: pd.DataFrame, test_set: str = "ALL") -> plt.Figure
             ax.set_title(f"{task.upper()} ({test_set}): {title}", fontsize=9)
             ax.grid(axis="y", lw=0.3)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=max(1, len(labels)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
-VERDICT_COLORS = {"replicates": "tab:green", "reversed": "tab:red", "undecided": "tab:gray"}
+VERDICT_COLORS = {"replicates": "tab:green", "reversed": "tab:red", "undecided": "tab:gray",
+                  "first better": "tab:green", "second better": "tab:red", "uninformative": "tab:purple"}
 
 
 def claims_figure(claims: pd.DataFrame) -> plt.Figure:
     """The papers' claims as paired differences over seeds (``otfed.distill.evaluation.paired_claims``): per
     task (columns) and metric (rows: score ↑, Semantic Distance ↓), one line per claim — the mean difference
     better − baseline with its 95% CI, coloured by verdict (green: the CI excludes 0 on the papers' side,
-    red: on the other side, grey: undecided). The papers claim differences right of 0 for the score and
-    left of 0 for Semantic Distance."""
+    red: on the other side, grey: undecided; in the mechanism arms green / red mean the first / second variant
+    is better; purple: uninformative, a student involved does not beat its best constant). The papers claim
+    differences right of 0 for the score and left of 0 for Semantic Distance."""
     tasks = list(dict.fromkeys(claims.task)) or [""]
     names = list(dict.fromkeys(claims.claim))
     fig, axes = plt.subplots(2, len(tasks), figsize=(4.6 * len(tasks), 0.32 * max(len(names), 1) * 2 + 2.2),
@@ -178,7 +214,8 @@ def claims_figure(claims: pd.DataFrame) -> plt.Figure:
             ax.set_title(f"{str(task).upper()}: {title}", fontsize=9)
             ax.grid(axis="x", lw=0.3)
     for verdict, color in VERDICT_COLORS.items():
-        axes[0, 0].plot([], [], "o", color=color, label=verdict)
+        if verdict in set(claims.get("verdict", [])):
+            axes[0, 0].plot([], [], "o", color=color, label=verdict)
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig

@@ -48,7 +48,7 @@ from otfed.models.text import TextClassifier
 from otfed.schema import Strict
 
 #: Keys of every per-epoch record in :attr:`TrainResult.history` (and of the dict given to ``on_epoch``).
-EPOCH_KEYS = ("epoch", "train_loss", "val_macro_f1", "val_accuracy", "seconds")
+EPOCH_KEYS = ("epoch", "train_loss", "val_loss", "val_macro_f1", "val_accuracy", "seconds")
 
 SEEDED_ATTENTION = "otfed_seeded_dropout"
 
@@ -205,6 +205,10 @@ class TrainingConfig(Strict):
     ``epochs``). ``select``: which epoch's weights are kept — ``"best_val"`` the epoch of the best
     validation macro-F1 (restored at the end), ``"last"`` the last epoch's (no choice is made on the
     validation set, which is still scored each epoch and may then be empty; needs ``patience: None``).
+    ``"best_val_loss"`` the epoch of the lowest validation loss — the cross-entropy on the validation split,
+    label-balanced (:func:`class_weights` of the validation labels) when ``class_balanced`` — with ``patience``
+    counting epochs without a strictly lower one: a proper scoring rule, so it stops before the model grows
+    over-confident, where macro-F1 (an argmax score) does not look.
     ``class_balanced``: weight the cross-entropy by inverse training-label frequency
     (:func:`class_weights`), so that a rare label counts as much as a frequent one (the balanced risk).
     """
@@ -215,8 +219,9 @@ class TrainingConfig(Strict):
     weight_decay: float = Field(0.01, ge=0.0, le=1.0)
     patience: int | None = Field(2, ge=1, le=1000,
                                  description="Epochs without a better validation macro-F1 before stopping.")
-    select: Literal["best_val", "last"] = Field(
-        "best_val", description="Weights kept: the best validation macro-F1 epoch's, or the last epoch's.")
+    select: Literal["best_val", "best_val_loss", "last"] = Field(
+        "best_val", description="Weights kept: the best validation macro-F1 epoch's, the lowest validation "
+                                "cross-entropy epoch's, or the last epoch's.")
     class_balanced: bool = Field(False, description="Cross-entropy weighted by inverse training-label frequency.")
 
     @model_validator(mode="after")
@@ -307,7 +312,8 @@ def train_classifier(
     (``config.lr``, ``config.weight_decay`` on weight matrices), dropout from a private generator
     (:func:`seeded_dropout`), the cross-entropy weighted by :func:`class_weights` of the training labels when
     ``config.class_balanced`` (:func:`cross_entropy`); then the validation macro-F1 (over all C labels) and
-    accuracy. With ``config.select="best_val"`` it stops after ``config.patience`` epochs without a strictly
+    accuracy and cross-entropy (``val_loss``). With ``config.select="best_val"`` (``"best_val_loss"``: the lowest
+    validation cross-entropy instead) it stops after ``config.patience`` epochs without a strictly
     better validation macro-F1 (None: run all ``config.epochs``) and restores the best epoch's weights; with
     ``"last"`` it runs every epoch and keeps the last weights (validation texts may then be empty: their
     scores are NaN). The model is left in eval mode. Texts are tokenised once.
@@ -339,6 +345,8 @@ def train_classifier(
     dropout_rng = torch.Generator(device=device).manual_seed(
         int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(int(seed) + 1))))
     optimizer = _adamw(clf.model, lr, weight_decay)
+    by_loss = config.select == "best_val_loss"
+    val_weights = class_weights(y_val, clf.n_labels) if config.class_balanced and y_val.size else None
 
     history: list[dict] = []
     best_score, best_epoch, best_state, since_best = -np.inf, 0, None, 0
@@ -350,9 +358,10 @@ def train_classifier(
             if val_features:
                 probs = clf.predict_proba_features(val_features, batch_size=eval_batch_size)
                 val_f1, val_acc = macro_f1(y_val, probs, n_labels=clf.n_labels), accuracy(y_val, probs)
+                val_loss = validation_loss(probs, y_val, val_weights)
             else:
-                val_f1 = val_acc = float("nan")
-            record = {"epoch": epoch, "train_loss": epoch_loss.mean(), "val_macro_f1": val_f1,
+                val_f1 = val_acc = val_loss = float("nan")
+            record = {"epoch": epoch, "train_loss": epoch_loss.mean(), "val_loss": val_loss, "val_macro_f1": val_f1,
                       "val_accuracy": val_acc, "seconds": time.perf_counter() - start_time}
             history.append(record)
             if on_epoch is not None:
@@ -360,8 +369,9 @@ def train_classifier(
             if keep_last:
                 best_score, best_epoch = record["val_macro_f1"], epoch
                 continue
-            if record["val_macro_f1"] > best_score:
-                best_score, best_epoch, since_best = record["val_macro_f1"], epoch, 0
+            score = -record["val_loss"] if by_loss else record["val_macro_f1"]
+            if score > best_score:
+                best_score, best_epoch, since_best = score, epoch, 0
                 best_state = {k: v.detach().clone() for k, v in clf.model.state_dict().items()}
             else:
                 since_best += 1
@@ -370,7 +380,20 @@ def train_classifier(
     if best_state is not None:
         clf.model.load_state_dict(best_state)
     clf.model.eval()
+    if by_loss:  # the kept epoch's validation macro-F1, as for the other selections
+        best_score = history[best_epoch - 1]["val_macro_f1"]
     return TrainResult(best_epoch=best_epoch, best_score=float(best_score), history=history)
+
+
+def validation_loss(probs: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """Mean cross-entropy −log p_y of predicted probabilities ``probs`` (N×C) at the true ``labels``, each sample
+    weighted by ``weights[y]`` (:func:`class_weights`: the label-balanced mean) when given; probabilities are
+    floored at 1e-12."""
+    nll = -np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None))
+    if weights is None:
+        return float(nll.mean())
+    w = weights[labels]
+    return float((w * nll).sum() / w.sum())
 
 
 def _train_epoch(clf: TextClassifier, features: Sequence[dict], targets: torch.Tensor, order_rng: torch.Generator,

@@ -263,7 +263,7 @@ def test_save_load_round_trip(feds, tmp_path):
     assert manifest["label_names"] == list(LabelSpace.for_task("erc").labels)
     # equal federations give byte-identical files (stable DVC hashes)
     save_text_federation(fed, tmp_path / "again")
-    for name in ("parties.csv.gz", "transfer.csv.gz", "manifest.json"):
+    for name in ("parties.csv.gz", "transfer.csv.gz", "audit.csv.gz", "manifest.json"):
         assert (tmp_path / "erc" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
 
 
@@ -306,7 +306,7 @@ def test_transfer_labels_are_never_read(feds, task, tmp_path):
     assert _federation_without_provenance(fed) == _federation_without_provenance(feds[task])
     assert poison not in repr(dataclasses.asdict(fed))
     save_text_federation(fed, tmp_path / "out")
-    for name in ("parties.csv.gz", "transfer.csv.gz"):
+    for name in ("parties.csv.gz", "transfer.csv.gz", "audit.csv.gz"):
         assert poison not in gzip.decompress((tmp_path / "out" / name).read_bytes()).decode()
     assert "label" not in pd.read_csv(tmp_path / "out" / "transfer.csv.gz").columns
 
@@ -422,14 +422,13 @@ def test_held_out_transfer_comes_from_spare_train_rows_only():
 
 
 def test_held_out_transfer_shares_a_full_pools_surplus():
-    from otfed.data.text.build import held_out_transfer
+    from otfed.data.text.build import held_out_picks
 
-    pools = [tuple(f"{k}-{i}" for i in range(n)) for k, n in enumerate([2, 10, 10])]
-    texts = held_out_transfer(pools, 12, np.random.default_rng(0))
-    assert [sum(t.startswith(f"{k}-") for t in texts) for k in range(3)] == [2, 5, 5]
-    assert len(set(texts)) == 12
-    assert len(held_out_transfer(pools, None, np.random.default_rng(0))) == 22
-    assert len(held_out_transfer(pools, 50, np.random.default_rng(0))) == 22
+    picks = held_out_picks([2, 10, 10], 12, np.random.default_rng(0))
+    assert [p.size for p in picks] == [2, 5, 5]
+    assert all(np.array_equal(p, np.unique(p)) and p.max() < n for p, n in zip(picks, [2, 10, 10]))
+    assert sum(p.size for p in held_out_picks([2, 10, 10], None, np.random.default_rng(0))) == 22
+    assert sum(p.size for p in held_out_picks([2, 10, 10], 50, np.random.default_rng(0))) == 22
 
 
 def test_train_sizes_name_parties_and_no_spare_rows_is_an_error():

@@ -1,9 +1,10 @@
-"""Random texts and the probability bias (KNOT §5.2, appendix D.1)."""
+"""Random texts and the probability bias (KNOT §5.2, appendix D.1), and the soft bias of the ablation."""
 import numpy as np
 import pytest
 import torch
 
 from otfed.distill import probability_bias, random_texts
+from otfed.distill.bias import probability_biases, soft_probability_bias
 
 VOCAB = ["good", "bad", "[CLS]", "##ing", "meh"]
 
@@ -73,3 +74,68 @@ def test_tensor_and_array_predictions_count_alike():
     assert from_array.tolist() == from_tensor.tolist() == expected.tolist()
     with pytest.raises(ValueError, match="expected 5"):
         probability_bias(lambda b: torch.as_tensor(as_array(b)), texts, n_labels=5, progress=False)
+
+
+# ---------------------------------------------------------------- the soft bias (ablation: mean probability row)
+def _lookup_predictor(texts, probabilities):
+    lookup = {t: i for i, t in enumerate(texts)}
+    return lambda batch: probabilities[[lookup[t] for t in batch]]
+
+
+def test_soft_bias_is_the_mean_probability_row_and_hard_the_argmax_frequency():
+    """One pass gives both: the soft bias equals numpy's mean of the rows, the hard one np.bincount of the
+    argmaxes (and probability_bias's values), whether the predictions come as arrays or tensors."""
+    texts = [f"text {i}" for i in range(53)]
+    probabilities = np.random.default_rng(5).dirichlet(np.full(4, 0.7), size=53)
+    predict = _lookup_predictor(texts, probabilities)
+    expected_soft = probabilities.mean(axis=0)
+    expected_hard = np.bincount(probabilities.argmax(1), minlength=4) / 53
+    for fn in (predict, lambda b: torch.as_tensor(predict(b))):
+        hard, soft = probability_biases(fn, texts, batch_size=8, progress=False)
+        assert hard.dtype == soft.dtype == torch.float64 and hard.device.type == soft.device.type == "cpu"
+        assert hard.tolist() == expected_hard.tolist()
+        np.testing.assert_allclose(soft.numpy(), expected_soft, rtol=0, atol=1e-15)
+        assert float(soft.sum()) == pytest.approx(1.0, abs=1e-15)
+        assert probability_bias(fn, texts, batch_size=8, progress=False).tolist() == hard.tolist()
+        np.testing.assert_allclose(soft_probability_bias(fn, texts, batch_size=8, progress=False).numpy(),
+                                   expected_soft, rtol=0, atol=1e-15)
+
+
+def test_a_uniform_teacher_has_a_uniform_soft_bias_but_a_one_hot_hard_one():
+    """The case behind the ablation: a teacher that knows nothing (uniform output) ties on every text; the
+    argmax takes the first label each time, so B = one-hot(0) — the farthest a bias can be from uniform —
+    while its mean output is uniform."""
+    texts = random_texts(VOCAB, 40, 5, rng=1)
+    hard, soft = probability_biases(lambda b: np.full((len(b), 4), 0.25), texts, batch_size=16, progress=False)
+    assert hard.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert soft.tolist() == [0.25] * 4
+    float32 = probability_biases(lambda b: torch.full((len(b), 3), 1 / 3, dtype=torch.float32), texts,
+                                 progress=False)
+    assert float32[0].tolist() == [1.0, 0.0, 0.0]
+    np.testing.assert_allclose(float32[1].numpy(), np.full(3, 1 / 3), atol=1e-7)
+
+
+@pytest.mark.parametrize("scores, what", [
+    (np.array([[2.0, -1.0, 0.5]] * 3), "logits"),
+    (np.array([[0.5, 0.5, 0.1]] * 3), "rows summing to 1.1"),
+    (np.array([[1.2, -0.2, 0.0]] * 3), "a negative entry"),
+    (np.array([[np.nan, 0.5, 0.5]] * 3), "NaN"),
+])
+def test_soft_bias_rejects_rows_that_are_not_probabilities(scores, what):
+    texts = ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"3 of 3 rows that are not probabilities.*sum(ming)? to 1 within 0.0001"):
+        soft_probability_bias(lambda b: scores[:len(b)], texts, progress=False)
+    # the hard bias alone still takes scores of any kind (only the argmax counts)
+    if what == "logits":
+        assert probability_bias(lambda b: scores[:len(b)], texts, progress=False).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_soft_bias_accepts_rows_within_the_tolerance_and_checks_the_width():
+    texts = ["a", "b"]
+    rows = np.array([[0.5, 0.5 + 5e-5], [0.3, 0.7 - 5e-5]])
+    soft = soft_probability_bias(lambda b: rows[:len(b)], texts, progress=False)
+    assert float(soft.sum()) == pytest.approx(1.0, abs=1e-15)
+    with pytest.raises(ValueError, match="expected 3"):
+        probability_biases(lambda b: rows[:len(b)], texts, n_labels=3, progress=False)
+    with pytest.raises(ValueError, match="no texts"):
+        probability_biases(lambda b: rows[:len(b)], [], progress=False)

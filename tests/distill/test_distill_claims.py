@@ -61,6 +61,15 @@ def test_verdict_follows_each_metrics_better_side_and_pairs_by_seed():
     pd.testing.assert_frame_equal(paired_claims(shuffled, [("c", "Sinkhorn-E", "Entropy-E")]), out)
 
 
+def test_an_interval_across_zero_decides_nothing_on_either_metric():
+    """The paired differences straddle 0 (one seed each way): undecided for the score and — lower being better —
+    for Semantic Distance too (a sign slip once called every SD interval with a negative lower end "replicates")."""
+    for metric in ("score", "semantic_distance"):
+        rows = rows_for({"Sinkhorn-E": [1.0, 1.3, 1.1], "Entropy-E": [1.1, 1.2, 1.1]}, metric=metric)
+        row = paired_claims(rows, [("c", "Sinkhorn-E", "Entropy-E")]).set_index("metric").loc[metric]
+        assert row.low < 0 < row.high and row.verdict == "undecided"
+
+
 def test_one_seed_has_no_interval_and_decides_nothing():
     rows = rows_for({"Sinkhorn-A": [0.9], "Entropy-A": [0.1]})
     out = paired_claims(rows, [("c", "Sinkhorn-A", "Entropy-A")])

@@ -147,3 +147,56 @@ def test_the_fixed_solver_trains_the_same_student_as_newton() -> None:
                                rtol=1e-6)
     np.testing.assert_allclose(students["fixed"].probs(), students["newton"].probs(), atol=1e-6)
     assert histories["newton"][-1]["loss"] < histories["newton"][0]["loss"]
+
+
+# ------------------------------------------------------------------ training to convergence on a held-out split
+def _kl(q: np.ndarray, p: np.ndarray) -> float:
+    return float(np.sum(q * np.log(q / p)))
+
+
+def test_a_holdout_the_student_only_moves_away_from_keeps_the_starting_weights() -> None:
+    """Training teachers say Q1, the held-out split's say Q2: every step towards Q1 raises KL(Q2 || p) (p starts
+    uniform), so the best held-out epoch is 0, training stops after ``patience`` epochs without improvement and
+    the starting weights come back."""
+    from otfed.distill.student import Holdout
+
+    ens, texts = _ensemble(sizes=(100, 100))
+    train = ens.subset(["t1"])
+    held = Holdout(texts[:16], np.tile(Q2, (16, 1, 1)), np.ones((16, 1)))
+    student = ConstantStudent(5)
+    history = distill_student(student, texts, train, np.ones((len(texts), 1)), kind="kl", epochs=30, batch_size=16,
+                              lr=0.05, weight_decay=0.0, progress=False, holdout=held, patience=3)
+    assert [r["epoch"] for r in history] == [0, 1, 2, 3]
+    assert [r["best"] for r in history] == [True, False, False, False]
+    np.testing.assert_allclose(student.probs(), np.full(5, 0.2), atol=1e-7)
+    assert history[0]["holdout_loss"] == pytest.approx(_kl(Q2, np.full(5, 0.2)), rel=1e-5)
+    assert all(r["holdout_loss"] > history[0]["holdout_loss"] for r in history[1:])
+
+
+def test_the_kept_student_is_the_epoch_with_the_lowest_heldout_loss() -> None:
+    """Held-out teachers agree with the training ones (the D mixture): the kept student's KL to the mixture,
+    computed here with numpy, is the smallest held-out loss in the history, and it is the flagged epoch's."""
+    from otfed.distill.student import Holdout
+
+    ens, texts = _ensemble()
+    weights = ensemble_weights(ens, "D")
+    held = Holdout(texts[:16], ens.probabilities[:16], weights[:16])
+    student = ConstantStudent(5)
+    history = distill_student(student, texts, ens, weights, kind="kl", epochs=8, batch_size=16, lr=0.05,
+                              weight_decay=0.0, progress=False, holdout=held, patience=None)
+    mixture = 0.25 * Q1 + 0.75 * Q2
+    kept = _kl(mixture, student.probs())
+    losses = [r["holdout_loss"] for r in history]
+    best = [r for r in history if r["best"]]
+    assert len(best) == 1 and best[0]["holdout_loss"] == min(losses)
+    # Σ_k w̄_k KL(q_k || p) = KL(mixture || p) + Σ_k w̄_k KL(q_k || mixture)
+    constant = 0.25 * _kl(Q1, mixture) + 0.75 * _kl(Q2, mixture)
+    assert min(losses) == pytest.approx(kept + constant, rel=1e-4)
+    assert len(history) == 9  # patience None: every epoch
+
+
+def test_a_malformed_holdout_is_refused() -> None:
+    from otfed.distill.student import Holdout
+
+    with pytest.raises(ValueError, match="holdout: 2 texts"):
+        Holdout(["a", "b"], np.zeros((3, 1, 5)), np.ones((3, 1)))

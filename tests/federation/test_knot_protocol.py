@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from otfed.errors import DataFileError
-from otfed.federation.knot import (TeacherEnsemble, bias_message, client_messages, load_messages, save_messages,
-                                   server_ensemble, teacher_ensemble)
+from otfed.federation.knot import (BIAS, SOFT_BIAS, TeacherEnsemble, bias_message, client_messages, load_messages,
+                                   save_messages, server_ensemble, soft_bias_message, teacher_ensemble)
 from otfed.federation.ledger import Channel
-from otfed.federation.messages import SERVER, CountMessage, PredictionMessage
+from otfed.federation.messages import SERVER, CountMessage, HistogramMessage, PredictionMessage
 
 
 def _probs(rng: np.random.Generator, n: int = 7, c: int = 5) -> np.ndarray:
@@ -88,3 +88,55 @@ def test_ledger_records_only_prediction_sized_payloads() -> None:
     assert channel.ledger.total_bytes == 2 * (11 * 5 * 8 + 8 + 5 * 8)
     assert {type(m).__name__ for m in inbox} == {"PredictionMessage", "CountMessage", "HistogramMessage"}
     assert isinstance(teacher_ensemble(inbox), TeacherEnsemble)
+
+
+# ------------------------------------------------------------ the soft bias (ablation), beside the papers' B_k
+def _with_both_biases(rng: np.random.Generator, names=("a", "b", "g")) -> tuple[list, dict, dict]:
+    hard = {n: np.eye(5)[i] for i, n in enumerate(names)}
+    soft = {n: rng.dirichlet(np.ones(5)) for n in names}
+    msgs = [m for n in names
+            for m in (*client_messages(n, _probs(rng), 10), bias_message(n, hard[n]), soft_bias_message(n, soft[n]))]
+    return msgs, hard, soft
+
+
+def test_both_bias_kinds_round_trip_through_one_file(tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    msgs, hard, soft = _with_both_biases(rng, names=("a", "b"))
+    save_messages(tmp_path / "bias.npz", [m for m in msgs if isinstance(m, HistogramMessage)])
+    back = load_messages(tmp_path / "bias.npz")
+    assert [(m.kind, m.sender) for m in back] == [(BIAS, "a"), (SOFT_BIAS, "a"), (BIAS, "b"), (SOFT_BIAS, "b")]
+    assert SOFT_BIAS == "probability_bias_soft" != BIAS
+    for m in back:
+        assert isinstance(m, HistogramMessage) and m.receiver == SERVER
+        np.testing.assert_array_equal(m.histogram, (hard if m.kind == BIAS else soft)[m.sender])
+
+
+def test_bias_kind_picks_which_histograms_fill_the_ensemble() -> None:
+    """Default: the papers' B_k (argmax frequencies) even when soft biases arrived too; ``SOFT_BIAS``: the
+    ablation's mean probability rows, in teacher order; anything else is refused by name."""
+    rng = np.random.default_rng(6)
+    msgs, hard, soft = _with_both_biases(rng)
+    order = ["b", "a", "g"]
+    np.testing.assert_array_equal(server_ensemble(msgs, ["b", "a"], "g").biases, [hard[n] for n in order])
+    np.testing.assert_array_equal(server_ensemble(msgs, ["b", "a"], "g", bias_kind=BIAS).biases,
+                                  [hard[n] for n in order])
+    picked = server_ensemble(msgs, ["b", "a"], "g", bias_kind=SOFT_BIAS)
+    np.testing.assert_array_equal(picked.biases, [soft[n] for n in order])
+    np.testing.assert_array_equal(picked.probabilities, server_ensemble(msgs, ["b", "a"], "g").probabilities)
+    np.testing.assert_array_equal(teacher_ensemble(msgs, bias_kind=SOFT_BIAS).biases, [soft[n] for n in "abg"])
+    for call in (lambda: server_ensemble(msgs, ["a"], bias_kind="argmax"),
+                 lambda: teacher_ensemble(msgs, bias_kind="soft")):
+        with pytest.raises(ValueError, match=r"bias_kind must be one of \['probability_bias', "
+                                             r"'probability_bias_soft'\], got '(argmax|soft)'"):
+            call()
+
+
+def test_a_missing_soft_bias_is_named_only_when_the_soft_kind_is_asked_for() -> None:
+    rng = np.random.default_rng(7)
+    msgs, hard, _ = _with_both_biases(rng, names=("a", "b"))
+    without_b = [m for m in msgs if not (m.kind == SOFT_BIAS and m.sender == "b")]
+    np.testing.assert_array_equal(server_ensemble(without_b, ["a", "b"]).biases, [hard["a"], hard["b"]])
+    with pytest.raises(ValueError, match=r"no probability bias received from \['b'\] \(kind 'probability_bias_soft'\)"):
+        server_ensemble(without_b, ["a", "b"], bias_kind=SOFT_BIAS)
+    only_soft = [m for m in msgs if m.kind != BIAS]
+    assert server_ensemble(only_soft, ["a", "b"]).biases is None  # no B_k sent: the hard ensemble has none

@@ -58,7 +58,16 @@ def _jobs(stage: str, root: Path, params: dict, device: str, monkeypatch: pytest
     if stage == "distill":
         monkeypatch.setattr(module, "load_messages", lambda path: [])
         monkeypatch.setattr(module, "check_messages", lambda *args, **kwargs: None)  # (tests/stages/test_preflight.py)
-        monkeypatch.setattr(module, "server_ensemble", lambda *args, **kwargs: "ensemble built from messages")
+        import numpy as np
+
+        from otfed.data.text import load_text_federation
+        from otfed.distill.ensemble import TeacherEnsemble
+
+        fed = load_text_federation(root / "data" / "text_partitions" / "sa")
+        n, k, c = len(fed.transfer_texts), len(fed.parties), len(fed.label_names)
+        stand_in = TeacherEnsemble(tuple(q.name for q in fed.parties), np.full((n, k, c), 1.0 / c),
+                                   np.full(k, 10), np.full((k, c), 1.0 / c))  # uniform teachers, as if from messages
+        monkeypatch.setattr(module, "server_ensemble", lambda *args, **kwargs: stand_in)
     p = validate_params({**params, "run": {**params["run"], "device": device}}, stage=stage)
     return module, module.STAGE.jobs(p, {folder: root / "staged" / stage / folder for folder in module.OUTPUTS})
 

@@ -262,3 +262,32 @@ def test_training_config_rejects_early_stopping_with_select_last():
     with pytest.raises(ConfigError, match="select"):
         TrainingConfig(select="first", patience=None)
     assert TrainingConfig().select == "best_val" and TrainingConfig().class_balanced is False
+
+
+def test_select_best_val_loss_keeps_the_epoch_of_the_lowest_validation_cross_entropy(task, tiny_spec):
+    """The recorded val_loss is the (label-balanced) cross-entropy of the epoch's predictions, recomputed here
+    with numpy; the kept weights are the epoch with the lowest one, and training stops ``patience`` epochs after it."""
+    from otfed.models.training import class_weights
+
+    tr, ytr, va, yva = task
+    yva = np.asarray(yva)
+    for balanced in (False, True):
+        clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
+        snapshots, losses = {}, {}
+
+        def keep(record):
+            snapshots[record["epoch"]] = weights(clf)
+            p = clf.predict_proba(va)
+            nll = -np.log(p[np.arange(len(yva)), yva])
+            w = class_weights(yva, 2)[yva] if balanced else np.ones(len(yva))
+            losses[record["epoch"]] = float((w * nll).sum() / w.sum())
+            assert record["val_loss"] == pytest.approx(losses[record["epoch"]], rel=1e-6)
+
+        result = train_classifier(clf, tr, ytr, va, yva, fast(epochs=40, patience=2, select="best_val_loss",
+                                                               class_balanced=balanced),
+                                  seed=0, on_epoch=keep, progress=False)
+        best = min(losses, key=losses.get)
+        assert result.best_epoch == best
+        assert result.epochs_run == min(40, best + 2)
+        assert equal(weights(clf), snapshots[best])
+        assert result.best_score == result.history[best - 1]["val_macro_f1"]

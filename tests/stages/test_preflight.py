@@ -36,7 +36,7 @@ FED = {"scheme": "fedbary_case", "case": 1, "dataset": "fashionmnist", "n_client
        "val_fraction": 0.0, "test_samples": 40}
 FEDBARY = {"support_size": 5, "iterations": 2}
 SA = {"dataset": "amazon_categories", "locals": ["cell_phones", "digital_music"], "global_party": "baby",
-      "transfer": "grocery_food", "max_train": 30, "max_eval": 10, "max_transfer": 20}
+      "transfer": "grocery_food", "max_train": 30, "max_eval": 10, "max_transfer": 20, "audit": 5}
 BOW = {"kind": "bow", "layers": 1, "hidden": 16, "max_length": 24, "vocab_size": 200}
 STAGES = ("partition", "train_teachers", "estimate_bias", "distill", "fed_distance", "barycenter_valuation",
           "noisy_removal")

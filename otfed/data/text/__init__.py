@@ -22,7 +22,10 @@ neutral → "no emotion", joy → "happiness"; NLI entailment / neutral / contra
 
 **The transfer set carries no labels.** Its rows are separated from the labelled parties before any
 label is looked at (ANLI is read without its label column at all): no function here returns, stores or
-even validates a transfer label.
+even validates a transfer label — except for the **audit slice**, ``spec.audit`` transfer texts (0 by
+default) drawn uniformly with their own seeded generator, whose labels alone are kept
+(``TextFederation.audit_index`` / ``audit_labels``, ``audit.csv.gz``) to check whether the teachers are
+informative on the transfer set; they are never trained on.
 
 Each labelled party is split train / val / test (seeded): stratified by label for SA and NLI; by whole
 dialogue for the DailyDialog chunks (no dialogue in two splits); MELD keeps its own train / dev / test

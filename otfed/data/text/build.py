@@ -15,9 +15,10 @@ from otfed.errors import ConfigError, DataFileError
 
 
 def _make_party(name: str, role: str, source: str, rows: RawRows, mask: np.ndarray, spec: TextTaskSpec,
-                seed: int) -> tuple[TextParty, tuple[str, ...]]:
+                seed: int) -> tuple[TextParty, TextSplit]:
     """The party's train / val / test splits, and the rows of its train split that the train cap left out
-    (the pool a held-out transfer set draws from: never in any party's train, val or test split)."""
+    (texts and labels: the pool a held-out transfer set draws from, never in any party's train, val or test
+    split; its labels serve the audit slice only)."""
     assert rows.label is not None
     labels = label_indices(rows.label[mask], spec.task, rows.path, name)
     texts, ids = rows.text[mask], rows.ids[mask]
@@ -30,23 +31,32 @@ def _make_party(name: str, role: str, source: str, rows: RawRows, mask: np.ndarr
         splits.append(TextSplit(tuple(texts[keep]), labels[keep], tuple(ids[keep])))
         if split == "train":
             spare = np.setdiff1d(part, keep)
-    return TextParty(name, role, source, *splits), tuple(texts[spare])
+    return TextParty(name, role, source, *splits), TextSplit(tuple(texts[spare]), labels[spare])
 
 
-def held_out_transfer(pools: list[tuple[str, ...]], n: int | None, rng: np.random.Generator) -> tuple[str, ...]:
-    """Texts (only) of ``n`` rows drawn uniformly without replacement from the parties' spare train rows, as
-    evenly over the parties as their pools allow (largest remainder, a full pool's surplus going to the
-    others); every row when ``n`` is None or exceeds the pools. Ordered party by party, then by row."""
-    sizes = np.array([len(p) for p in pools], dtype=np.int64)
-    target = int(sizes.sum()) if n is None else min(int(n), int(sizes.sum()))
-    take = np.zeros_like(sizes)
+def held_out_picks(sizes: list[int], n: int | None, rng: np.random.Generator) -> list[np.ndarray]:
+    """Sorted positions, per pool, of ``n`` rows drawn uniformly without replacement from pools of ``sizes``
+    rows (the parties' spare train rows), as evenly over the pools as their sizes allow (largest remainder,
+    a full pool's surplus going to the others); every row when ``n`` is None or exceeds the pools."""
+    sizes_ = np.array(sizes, dtype=np.int64)
+    target = int(sizes_.sum()) if n is None else min(int(n), int(sizes_.sum()))
+    take = np.zeros_like(sizes_)
     while take.sum() < target:  # each pass fills the target or at least one pool
-        take = np.minimum(sizes, take + largest_remainder(int(target - take.sum()), (take < sizes).astype(float)))
-    texts: list[str] = []
-    for pool, k in zip(pools, take):
-        pick = np.sort(rng.choice(len(pool), int(k), replace=False))
-        texts += [pool[i] for i in pick]
-    return tuple(texts)
+        take = np.minimum(sizes_, take + largest_remainder(int(target - take.sum()), (take < sizes_).astype(float)))
+    return [np.sort(rng.choice(int(size), int(k), replace=False)) for size, k in zip(sizes_, take)]
+
+
+def audit_positions(n_transfer: int, spec: TextTaskSpec, seed: int) -> np.ndarray:
+    """Sorted positions of the ``spec.audit`` transfer texts whose labels are kept for diagnostics: drawn
+    uniformly without replacement from ``n_transfer`` by their own generator (the transfer texts do not
+    depend on it), without looking at any label. ConfigError when ``audit`` exceeds ``n_transfer``."""
+    if spec.audit > n_transfer:
+        raise ConfigError(f"partition.text.tasks.{spec.task}.audit is {spec.audit}, but the transfer set has "
+                          f"{n_transfer} texts; allowed: 0..{n_transfer}")
+    if spec.audit == 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = party_rng(seed, spec.task, "transfer:audit")
+    return np.sort(rng.choice(n_transfer, spec.audit, replace=False)).astype(np.int64)
 
 
 def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -> TextFederation:
@@ -56,7 +66,10 @@ def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -
     column, an unknown label value (naming file, column, values and the allowed ones) or a party name
     with no rows (listing the available domains), and :class:`DegenerateClientError` for a party too
     small to split. Blank texts are dropped and counted in ``dropped_texts``. The transfer rows are
-    separated before any label is looked at, and only their texts are kept.
+    separated before any label is looked at, and only their texts are kept — but for the ``spec.audit``
+    rows of the audit slice (:func:`audit_positions`), whose labels alone are then converted (an unknown
+    value raises :class:`DataFileError`) and kept in ``audit_labels``; ConfigError when ``audit`` exceeds
+    the transfer texts.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"text federation seed must be a non-negative integer; got {seed!r}")
@@ -78,16 +91,22 @@ def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -
 
     rows_by_name: dict[str, tuple[RawRows, np.ndarray]] = {}
     transfer_texts: np.ndarray | None = None
+    transfer_raw_labels: np.ndarray | None = None  # raw label strings of the transfer rows, only when audited
+    transfer_path: Path | None = None
     dropped: dict[str, int] = {}
     sha: dict[str, str] = {}
     for source in sources:
         holds = [n for n in available[source] if n in wanted]
         if not holds:
             continue
-        rows = read_source(source, data_dir, spec, with_labels=any(n in labelled for n in holds))
+        audited = spec.audit > 0 and not held_out and spec.transfer in holds
+        rows = read_source(source, data_dir, spec, with_labels=audited or any(n in labelled for n in holds))
         if not held_out and spec.transfer in holds:  # separate the transfer rows first, keep only their texts
             in_transfer = rows.domain == spec.transfer
             transfer_texts = rows.text[in_transfer]
+            transfer_path = rows.path
+            if audited:  # kept aside, unread until the audit slice is drawn
+                transfer_raw_labels = rows.label[in_transfer]
             if rows.label is not None:
                 rows.label = np.where(in_transfer, None, rows.label)
         for name in holds:
@@ -113,19 +132,29 @@ def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -
             raise DataFileError(f"{spec.task}: transfer: null draws texts from the parties' spare train rows, but "
                                 f"every train row is used (train_sizes / max_train keep them all); lower them or "
                                 f"name a transfer domain")
-        transfer = held_out_transfer(pools, spec.max_transfer, party_rng(int(seed), spec.task, "transfer:held_out"))
+        picks = held_out_picks([len(p) for p in pools], spec.max_transfer,
+                               party_rng(int(seed), spec.task, "transfer:held_out"))
+        transfer = tuple(pool.texts[i] for pool, pick in zip(pools, picks) for i in pick)
+        audit_index = audit_positions(len(transfer), spec, int(seed))
+        audit_labels = np.concatenate([pool.labels[pick] for pool, pick in zip(pools, picks)])[audit_index]
         transfer_source = f"{_dataset_of(spec.global_party, available)}/held_out"
     else:
         if spec.max_transfer is not None and spec.max_transfer < len(transfer_texts):
             pick = np.sort(party_rng(int(seed), spec.task, f"transfer:{spec.transfer}").choice(
                 len(transfer_texts), spec.max_transfer, replace=False))
             transfer_texts = transfer_texts[pick]
+            if transfer_raw_labels is not None:
+                transfer_raw_labels = transfer_raw_labels[pick]
         transfer = tuple(transfer_texts)
+        audit_index = audit_positions(len(transfer), spec, int(seed))
+        audit_labels = np.zeros(0, dtype=np.int64) if transfer_raw_labels is None else \
+            label_indices(transfer_raw_labels[audit_index], spec.task, transfer_path, spec.transfer)
         transfer_source = f"{_dataset_of(spec.transfer, available)}/{spec.transfer}"
     return TextFederation(
         task=spec.task, label_names=label_names(spec.task), locals=tuple(parties[:-1]), global_party=parties[-1],
         transfer_texts=transfer, transfer_source=transfer_source,
-        spec=spec, seed=int(seed), dropped_texts=dropped, raw_sha256=sha)
+        spec=spec, seed=int(seed), dropped_texts=dropped, raw_sha256=sha,
+        audit_index=audit_index, audit_labels=audit_labels)
 
 
 def _dataset_of(name: str, available: dict[RawSource, tuple[str, ...]]) -> str:

@@ -1,7 +1,7 @@
 """The values of the text track: a party's splits, a party, a task's federation, and its table 1 sizes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
@@ -58,12 +58,17 @@ class TextParty:
         return getattr(self, name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TextFederation:
     """All parties of one KNOT task (SPEC §1): locals, the global party and the unlabelled transfer texts.
 
     ``dropped_texts`` counts, per raw file, the rows read for this federation whose text was missing or
     blank and that were dropped. ``raw_sha256`` maps each raw file read to its SHA-256.
+
+    The **audit slice** (``spec.audit`` rows, empty by default) keeps the labels of a few transfer texts for
+    diagnostics only — whether the teachers are informative on the transfer set — never for training:
+    ``audit_index`` holds increasing, distinct positions into ``transfer_texts`` (int64) and
+    ``audit_labels`` their label indices into ``label_names`` (int64, same length).
     """
 
     task: str
@@ -76,6 +81,29 @@ class TextFederation:
     seed: int | None = None
     dropped_texts: dict[str, int] = field(default_factory=dict)
     raw_sha256: dict[str, str] = field(default_factory=dict)
+    audit_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    audit_labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        index = np.asarray(self.audit_index, dtype=np.int64)
+        labels = np.asarray(self.audit_labels, dtype=np.int64)
+        object.__setattr__(self, "audit_index", index)
+        object.__setattr__(self, "audit_labels", labels)
+        if index.ndim != 1 or labels.shape != index.shape:
+            raise ValueError(f"audit_index of shape {index.shape} but audit_labels of shape {labels.shape}; "
+                             f"both must be 1-D of the same length")
+        if index.size and (index[0] < 0 or index[-1] >= len(self.transfer_texts) or (np.diff(index) <= 0).any()):
+            raise ValueError(f"audit_index must hold increasing, distinct positions 0..{len(self.transfer_texts) - 1} "
+                             f"into transfer_texts; got {index.tolist()[:10]}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TextFederation):
+            return NotImplemented
+        arrays = ("audit_index", "audit_labels")
+        return (all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.name not in arrays)
+                and all(np.array_equal(getattr(self, name), getattr(other, name)) for name in arrays))
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def parties(self) -> tuple[TextParty, ...]:

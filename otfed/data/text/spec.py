@@ -48,14 +48,19 @@ class TextTaskSpec(Strict):
                                     description="Local clients (domains, genres or DailyDialog chunks).")
     global_party: str = Field(description="The server's labelled dataset (pretrains the global model).")
     transfer: str | None = Field(description="Unlabelled transfer set: a domain whose labels are dropped when it is "
-                                             "read, or null = texts held out of the labelled parties' own domains "
-                                             "(rows of their train splits that no party trains on).")
+                                             "read (but for the audit slice), or null = texts held out of the "
+                                             "labelled parties' own domains (rows of their train splits that no "
+                                             "party trains on).")
     max_train: int | None = Field(None, ge=1, description="Cap on train rows per party (stratified); None = all.")
     train_sizes: dict[str, int] = Field(default_factory=dict,
                                         description="Train rows of named parties (stratified), overriding max_train: "
                                                     "unequal local sizes, a global party with little labelled data.")
     max_eval: int | None = Field(None, ge=1, description="Cap on validation and on test rows per party.")
     max_transfer: int | None = Field(None, ge=1, description="Cap on transfer texts.")
+    audit: int = Field(0, ge=0, description="Transfer texts whose labels are kept aside for diagnostics only "
+                                            "(are the teachers informative?), never for training: drawn "
+                                            "uniformly without replacement, seeded, without looking at labels; "
+                                            "0 = none. At most the number of transfer texts.")
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     context_turns: int = Field(2, ge=0, le=20, description="ERC: preceding turns prepended to an utterance.")

@@ -4,8 +4,11 @@ On-disk format (written by :func:`save_text_federation`, the contract with the t
 
     <dir>/parties.csv.gz   party, role, split, text, label, id   (label = int index; id = "<file stem>:<row>")
     <dir>/transfer.csv.gz  text
+    <dir>/audit.csv.gz     index, label   (the audit slice, diagnostics only: index = 0-based row of
+                                           transfer.csv.gz, increasing; label = int index; zero rows if none)
     <dir>/manifest.json    task, label_names, spec, seed, parties (name, role, source, counts),
-                           transfer (source, n), dropped_texts, raw_files (file → SHA-256)
+                           transfer (source, n, audit = rows of audit.csv.gz), dropped_texts,
+                           raw_files (file → SHA-256)
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from otfed.data.text.spec import ROLES, SPLITS, TASKS, TextTaskSpec, label_names
 from otfed.errors import ConfigError, DataError, DataFileError
 
 FORMAT = "otfed.text_federation/1"
-FILES = ("manifest.json", "parties.csv.gz", "transfer.csv.gz")  # a task's folder
+FILES = ("manifest.json", "parties.csv.gz", "transfer.csv.gz", "audit.csv.gz")  # a task's folder
 
 
 def _gzip_csv_bytes(frame: pd.DataFrame) -> bytes:
@@ -32,8 +35,8 @@ def _gzip_csv_bytes(frame: pd.DataFrame) -> bytes:
 
 
 def save_text_federation(fed: TextFederation, directory: str | Path) -> None:
-    """Write ``parties.csv.gz``, ``transfer.csv.gz`` and ``manifest.json`` into ``directory`` (replacing it
-    as a whole, atomically: a failure leaves the previous directory untouched)."""
+    """Write ``parties.csv.gz``, ``transfer.csv.gz``, ``audit.csv.gz`` and ``manifest.json`` into ``directory``
+    (replacing it as a whole, atomically: a failure leaves the previous directory untouched)."""
     records = []
     for party in fed.parties:
         for split in SPLITS:
@@ -57,7 +60,7 @@ def save_text_federation(fed: TextFederation, directory: str | Path) -> None:
                         for split in SPLITS}}
             for p in fed.parties
         ],
-        "transfer": {"source": fed.transfer_source, "n": len(fed.transfer_texts)},
+        "transfer": {"source": fed.transfer_source, "n": len(fed.transfer_texts), "audit": int(fed.audit_index.size)},
         "dropped_texts": dict(fed.dropped_texts),
         "raw_files": dict(fed.raw_sha256),
     }
@@ -65,6 +68,8 @@ def save_text_federation(fed: TextFederation, directory: str | Path) -> None:
         (staging / "parties.csv.gz").write_bytes(_gzip_csv_bytes(parties))
         transfer = pd.DataFrame({"text": list(fed.transfer_texts)})
         (staging / "transfer.csv.gz").write_bytes(_gzip_csv_bytes(transfer))
+        audit = pd.DataFrame({"index": fed.audit_index, "label": fed.audit_labels})
+        (staging / "audit.csv.gz").write_bytes(_gzip_csv_bytes(audit))
         io.write_json(manifest, staging / "manifest.json")
 
 
@@ -77,8 +82,10 @@ def load_text_federation(directory: str | Path, task: str | None = None,
     (the task's label order, :func:`~otfed.data.text.spec.label_names`); column ``label`` holds indices
     ``0..len(label_names)−1``; ``party`` only parties the manifest lists, each with the manifest's ``role``;
     ``split`` only train / val / test; the rows of each party's split and of the transfer set number what
-    the manifest's ``counts`` and ``transfer.n`` declare; with ``spec`` (the params that partition the task),
-    the parties are the spec's locals, in order, and its global party."""
+    the manifest's ``counts`` and ``transfer.n`` declare; ``audit.csv.gz`` holds distinct positions ``index``
+    into the transfer texts and ``label`` indices as above, as many rows as ``transfer.audit`` declares; with
+    ``spec`` (the params that partition the task), the parties are the spec's locals, in order, and its
+    global party."""
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
@@ -112,6 +119,7 @@ def load_text_federation(directory: str | Path, task: str | None = None,
                         f"(first: party {first['party']!r}, split {first['split']!r})")
     table = table.assign(label=labels.astype(np.int64))
     check_rows(table, len(transfer), manifest, parties_path)
+    audit_index, audit_labels = read_audit(directory / "audit.csv.gz", len(transfer), manifest)
 
     parties = []
     for entry in manifest["parties"]:
@@ -138,7 +146,37 @@ def load_text_federation(directory: str | Path, task: str | None = None,
         global_party=next(p for p in parties if p.role == "global"),
         transfer_texts=tuple(transfer["text"]), transfer_source=manifest["transfer"]["source"],
         spec=spec, seed=manifest.get("seed"),
-        dropped_texts=dict(manifest.get("dropped_texts", {})), raw_sha256=dict(manifest.get("raw_files", {})))
+        dropped_texts=dict(manifest.get("dropped_texts", {})), raw_sha256=dict(manifest.get("raw_files", {})),
+        audit_index=audit_index, audit_labels=audit_labels)
+
+
+def read_audit(path: Path, n_transfer: int, manifest: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The audit slice of ``path`` (``audit.csv.gz``): positions into the ``n_transfer`` transfer texts, in
+    increasing order, and their label indices. DataError naming ``path`` and the column unless every
+    ``index`` is an integer in ``0..n_transfer−1``, no index repeats, every ``label`` is an index of the
+    manifest's ``label_names``, and the rows number the manifest's ``transfer.audit`` (where given)."""
+    frame = read_columns(path, ["index", "label"])
+    index = pd.to_numeric(frame["index"], errors="coerce")
+    bad = index.isna() | (index % 1 != 0) | (index < 0) | (index >= n_transfer)
+    if bad.any():
+        raise DataError(f"{path}: column 'index' must hold positions 0..{n_transfer - 1} into the {n_transfer} "
+                        f"texts of transfer.csv.gz; found {', '.join(map(repr, frame.loc[bad, 'index'].unique()[:5]))}")
+    repeated = index[index.duplicated()].unique()
+    if repeated.size:
+        raise DataError(f"{path}: column 'index' repeats {', '.join(str(int(i)) for i in repeated[:5])}; each "
+                        f"transfer text is audited at most once")
+    n_labels = len(manifest["label_names"])
+    labels = pd.to_numeric(frame["label"], errors="coerce")
+    bad = labels.isna() | (labels % 1 != 0) | (labels < 0) | (labels >= n_labels)
+    if bad.any():
+        raise DataError(f"{path}: column 'label' must hold indices 0..{n_labels - 1} (the {n_labels} labels of "
+                        f"task {manifest['task']!r}); found "
+                        f"{', '.join(map(repr, frame.loc[bad, 'label'].unique()[:5]))}")
+    declared = (manifest.get("transfer") or {}).get("audit")
+    if declared is not None and declared != len(frame):
+        raise DataError(f"{path}: {len(frame)} audit rows; manifest.json declares {declared} (key 'transfer.audit')")
+    order = np.argsort(index.to_numpy(np.int64), kind="stable")
+    return index.to_numpy(np.int64)[order], labels.to_numpy(np.int64)[order]
 
 
 def check_manifest(manifest: dict, path: Path, task: str | None = None) -> None:
