@@ -1,6 +1,6 @@
 """The papers' own numbers, in one place, for the results page (``python -m flows.results``).
 
-Quoted verbatim from the papers' text in ``/work/shared/papers`` (see ``SPEC.md``: the PDF extraction garbles
+Quoted verbatim from the papers' text in ``/work/shared/papers`` (the PDF extraction garbles
 some math; numbers below are copied from the tables and sentences as extracted, e.g. "10101010" in the raw text
 is the number 10). Each paper lists the tables / figures the pipeline reproduces; each item names the stage whose
 outputs answer it, the view of those outputs (``flows.results.VIEWS``) and the stage's figures.
@@ -57,8 +57,8 @@ FEDWAD = {
             ],
             "views": ["convergence_final_gap"],
             "figures": ["convergence.png"],
-            "note": "otfed also runs d = 50 and a random t per interpolation (SPEC §2: a fixed t = 0.5 stalls "
-                    "above W in dimension ≥ 10).",
+            "note": "otfed also runs d = 50 and a random t per interpolation (allowed by FedWaD §3; a fixed t = 0.5 "
+                    "stalls above W in dimension ≥ 10).",
         },
         {
             "ref": "Fig. 6",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-#: Label order and coordinates of each task (SPEC §1, the papers' fig. 3).
+#: Label order and coordinates of each task (the papers' fig. 3).
 TASK_COORDINATES: dict[str, tuple[tuple[str, ...], tuple[tuple[float, ...], ...], str]] = {
     "sa": (
         ("strong negative", "weak negative", "neutral", "weak positive", "strong positive"),
@@ -77,7 +77,7 @@ class LabelSpace:
 
     @classmethod
     def for_task(cls, task: str) -> "LabelSpace":
-        """The papers' semantic coordinates of ``task`` ∈ {"sa", "erc", "nli"} (SPEC §1, KNOT fig. 3)."""
+        """The papers' semantic coordinates of ``task`` ∈ {"sa", "erc", "nli"} (KNOT fig. 3)."""
         key = str(task).lower()
         if key not in TASK_COORDINATES:
             raise ValueError(f"unknown task {task!r}; allowed: {', '.join(sorted(TASK_COORDINATES))}")

@@ -55,7 +55,7 @@ def order_preservation(d_reference: np.ndarray, d_estimate: np.ndarray) -> float
 
 
 # ----------------------------------------------------------------------------------------------------
-# Text track (KNOT, SPEC §1): Semantic Distance, macro-F1, accuracy
+# Text track (KNOT): Semantic Distance, macro-F1, accuracy
 
 
 def _as_numpy(x) -> np.ndarray:
@@ -95,7 +95,7 @@ def semantic_errors(probs, labels, label_space) -> np.ndarray:
 
 
 def semantic_distance(probs, labels, label_space) -> float:
-    """Semantic Distance (KNOT §1; SPEC §1): the mean over the labels present in ``labels`` of the mean error
+    """Semantic Distance (KNOT §1): the mean over the labels present in ``labels`` of the mean error
     ||Σ_l p_l coord(l) − coord(y)||₂ of that label's samples (label-wise mean, for class imbalance).
 
     Lower is better; 0 when every prediction puts all its mass on the true label. ``probs`` N×C,

@@ -1,4 +1,4 @@
-"""Stage ``barycenter_valuation`` — FedBary §5 (SPEC §3): client contributions, outliers, datum values.
+"""Stage ``barycenter_valuation`` — FedBary §5: client contributions, outliers, datum values.
 
 * **contributions** (fig. 4), one job per (federation, seed) (cases 1–5): client contributions (%) by
   FedBary with and without a server validation set, next to the FedAvg-utility games — exact Shapley (all

@@ -1,4 +1,4 @@
-"""Stage ``noisy_removal`` — FedBary table 4 (SPEC §3 "Boost FL"): clients drop what FedBary flags.
+"""Stage ``noisy_removal`` — FedBary table 4 (§11.4 "Boost FL Performance"): clients drop what FedBary flags.
 
 5 clients with planted noise; the server holds a validation set (FedBary's target Q) and a test set.
 Each client computes its datum values locally (calibrated gradients against η_{Q_i}, eq. 10) and drops data

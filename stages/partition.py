@@ -2,7 +2,7 @@
 
 Feature track: each named federation of ``partition.federations`` (one client per dataset, iid, Dirichlet,
 class pairs, FedBary cases 1–5 with ground truth) → ``data/partitions/<name>.npz`` + ``manifest.json``.
-Text track (KNOT, SPEC §1): each task of ``partition.text.tasks`` → ``data/text_partitions/<task>/`` (local
+Text track (KNOT §6): each task of ``partition.text.tasks`` → ``data/text_partitions/<task>/`` (local
 clients, the server's global dataset, the unlabelled transfer set). One job per federation and per task.
 Either track may be left out (no ``federations`` or no ``text``), not both.
 """
@@ -135,7 +135,7 @@ def federation_job(name: str, spec: FederationSpec, data_dir: str, seed: int, ou
 
 
 def text_task_job(spec: TextTaskSpec, data_dir: str, seed: int, out_dir: str) -> pd.DataFrame:
-    """Partition one KNOT task into parties (SPEC §1) and write ``<out_dir>/<task>/``; returns its summary."""
+    """Partition one KNOT task into parties (KNOT §6) and write ``<out_dir>/<task>/``; returns its summary."""
     fed = build_text_federation(spec, data_dir, seed)
     save_text_federation(fed, Path(out_dir) / spec.task)
     return federation_summary(fed).assign(task=spec.task)

@@ -1,4 +1,4 @@
-"""Stage ``train_teachers`` — KNOT table 1 (SPEC §1): a teacher per local client and the server's global model.
+"""Stage ``train_teachers`` — KNOT table 1 (§6): a teacher per local client and the server's global model.
 
 Every local client trains its teacher on its own partition (cross-entropy, early stopping on validation
 macro-F1) and labels the shared transfer set; the server pretrains the global model on its labelled dataset

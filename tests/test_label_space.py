@@ -1,4 +1,4 @@
-"""Label coordinates and ground costs of the KNOT tasks (SPEC §1, the papers' fig. 3)."""
+"""Label coordinates and ground costs of the KNOT tasks (the papers' fig. 3)."""
 import numpy as np
 import pytest
 import torch

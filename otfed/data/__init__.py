@@ -3,10 +3,10 @@
 * :mod:`otfed.data.images` — registry and loader of the five embedded image files in data/raw
   (MNIST, Fashion-MNIST, KMNIST, USPS, CIFAR-10; provenance in data/README.md).
 * :mod:`otfed.data.features` — pixel features with bilinear resize, server-side PCA, finiteness check.
-* :mod:`otfed.data.partition` — iid, Dirichlet and FedWaD class-pair partitions (SPEC §2), and
+* :mod:`otfed.data.partition` — iid, Dirichlet and FedWaD class-pair partitions (FedWaD app. D.5), and
   per-client stratified train/validation splits.
 * :mod:`otfed.data.corruption` — label flips, Gaussian feature noise and the five FedBary client
-  cases with ground-truth corrupted indices (SPEC §3).
+  cases with ground-truth corrupted indices (FedBary appendix 10.1).
 * :mod:`otfed.data.apportionment` — exact integer shares (largest remainder, stratified dealing).
 * :mod:`otfed.data.gaussians` — the two Gaussians of FedWaD's toy study (population W2 = 4).
 

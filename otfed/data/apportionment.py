@@ -1,6 +1,6 @@
 """Integer apportionment: split a whole number of samples into exact integer shares.
 
-Used by the partitioners (SPEC §2, "Boosting FL") and the FedBary client cases (SPEC §3) whenever a
+Used by the partitioners (FedWaD's "Boosting FL") and the FedBary client cases (appendix 10.1) whenever a
 percentage must become an exact sample count and a split must stay stratified by class.
 """
 
@@ -67,7 +67,7 @@ def stratified_parts(labels: np.ndarray, sizes: np.ndarray | list[int],
                      rng: np.random.Generator) -> list[np.ndarray]:
     """Split positions 0..n−1 into bins of exactly ``sizes`` rows so that every bin holds each label within
     one row of its proportional share, |n_lb − n_l·s_b/n| ≤ 1 (the text track's stratified splits and caps,
-    SPEC §1). A stronger guarantee than :func:`stratified_split`, whose interleaving can miss a label's share
+    KNOT track). A stronger guarantee than :func:`stratified_split`, whose interleaving can miss a label's share
     by more than one row (1.46 in random trials); the image partitions keep that one so that their
     committed, byte-reproducible outputs stay as they are.
 

@@ -1,12 +1,12 @@
 """Label flips, Gaussian feature noise and the five FedBary client cases, with ground-truth indices.
 
-FedBary (SPEC §3; paper appendix 10.1) values 5 clients built from one labelled pool:
+FedBary (paper appendix 10.1) values 5 clients built from one labelled pool:
   1. same distribution, same size;           2. different distributions, same size;
   3. same distribution, sizes 10/15/20/25/30%; 4. case 1 + label noise on 0/5/10/15/20% of each client;
   5. case 1 + Gaussian feature noise on 0/5/10/15/20% of each client's samples.
-Every corrupted sample is recorded, so detection (datum values g > 0, SPEC §3 eq. 10) can be scored
+Every corrupted sample is recorded, so detection (datum values g > 0, FedBary eq. 10) can be scored
 against the exact truth. Feature noise is drawn independently per sample (the authors' code shared
-one noise image per batch of 32; reference-notes §2.4).
+one noise image per batch of 32).
 
 Noise planted in a stored federation by the valuation stages (the one home of noise planting):
 :func:`plant_noise` corrupts a share of every group's rows, :func:`corrupted_federation` applies it to
@@ -50,7 +50,7 @@ def _unique_indices(idx: np.ndarray, n: int, what: str) -> np.ndarray:
 def flip_labels(labels: np.ndarray, idx: np.ndarray, n_classes: int, rng: np.random.Generator) -> np.ndarray:
     """Copy of ``labels`` with every label at ``idx`` replaced by a uniformly random *different* class.
 
-    The label-noise model of FedBary case 4 (SPEC §3): the new label is y + u mod n_classes with
+    The label-noise model of FedBary case 4 (appendix 10.1): the new label is y + u mod n_classes with
     u uniform on 1..n_classes−1, i.e. uniform over the other classes. Labels outside ``idx`` are kept.
     """
     labels = np.asarray(labels)
@@ -67,7 +67,7 @@ def flip_labels(labels: np.ndarray, idx: np.ndarray, n_classes: int, rng: np.ran
 def add_feature_noise(x: np.ndarray, idx: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
     """Float64 copy of ``x`` with i.i.d. N(0, std²) noise added to every feature of the rows ``idx``.
 
-    The feature-noise model of FedBary case 5 (SPEC §3): each selected sample gets its own noise draw.
+    The feature-noise model of FedBary case 5 (appendix 10.1): each selected sample gets its own noise draw.
     """
     x = np.asarray(x)
     if not std > 0:
@@ -150,7 +150,7 @@ def fedbary_case(
     noise_std: float = 1.0,
     samples_per_client: int | None = None,
 ) -> CasePartition:
-    """Build FedBary client case 1–5 (SPEC §3; FedBary appendix 10.1) from a labelled training pool.
+    """Build FedBary client case 1–5 (FedBary appendix 10.1) from a labelled training pool.
 
     ``features`` (n, D) and ``labels`` (n,) in 0..C−1 form the pool. Clients are disjoint.
     * Cases 1, 4, 5: ``samples_per_client`` (default n // n_clients) samples each, drawn stratified by

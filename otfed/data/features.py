@@ -1,9 +1,9 @@
 """Image → feature vectors: pixel features (with optional bilinear resize), server-side PCA, and a
 finiteness check.
 
-Pixel features are the raw-pixel embedding both FedWaD's OTDD experiments (SPEC §2, "flattened to
-float64", MNIST vs USPS at 28×28) and FedBary's label-augmented vectors x̃ = [x; m_y; vec(Σ_y^{1/2})]
-(SPEC §3) start from. PCA is optional and only reduces the dimension before the OT solvers.
+Pixel features are the raw-pixel embedding both FedWaD's OTDD experiments (FedWaD app. D.4–D.5: the
+original data space; here MNIST vs USPS at 28×28) and FedBary's label-augmented vectors x̃ = [x; m_y; vec(Σ_y^{1/2})]
+(FedBary §4.1) start from. PCA is optional and only reduces the dimension before the OT solvers.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def pixel_features(images: np.ndarray, size: int | None = None) -> np.ndarray:
     ``images`` is uint8, (n, H, W) or (n, H, W, C) (channels last). Pixels are scaled by 1/255; with
     ``size`` the images are first bilinearly resized to size×size (half-pixel centres, as torch's
     ``interpolate(..., mode="bilinear", align_corners=False)``), e.g. USPS 16×16 → 28×28 to share
-    MNIST's ground space (FedWaD OTDD experiments, SPEC §2). Channels-last images are flattened over
+    MNIST's ground space (FedWaD OTDD experiments, app. D.4). Channels-last images are flattened over
     (row, column, channel), so feature index = (r·W + c)·C + ch.
     """
     images = np.asarray(images)
@@ -67,7 +67,7 @@ def pixel_features(images: np.ndarray, size: int | None = None) -> np.ndarray:
 def fit_pca(x_reference: np.ndarray, n_components: int, seed: int) -> PCA:
     """Fit a PCA with ``n_components`` components on server-side public data.
 
-    Privacy boundary (SPEC §2–3: the server never sees client samples): the reference must be data the
+    Privacy boundary (FedWaD §3, FedBary §4.4: the server never sees client samples): the reference must be data the
     server holds anyway — the dataset's official *test* split — never client training data. The
     fitted projection is then shipped to clients, which apply :func:`reduce_features` locally.
     ``seed`` fixes sklearn's randomized SVD so the same inputs give the same components.

@@ -67,7 +67,7 @@ class ClassPairsFederation(_FederationBase):
 
 
 class FedBaryCaseFederation(_FederationBase):
-    """FedBary client cases 1–5 (SPEC §3) with ground-truth corrupted indices."""
+    """FedBary client cases 1–5 (FedBary appendix 10.1) with ground-truth corrupted indices."""
 
     scheme: Literal["fedbary_case"]
     case: int = Field(ge=1, le=5)

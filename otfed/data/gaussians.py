@@ -10,7 +10,7 @@ def gaussian_pair(n: int, ratio: int, dim: int, rng: np.random.Generator) -> tup
     """μ: n samples of N(0, I_d); ν: n // ratio samples of N(m, I_d) with ||m|| = 4 (m = 4/√d · 1).
 
     Same covariance, different means: the population W2 is exactly ||m|| = 4 (W2² = ||m_μ − m_ν||² +
-    Bures², SPEC §2; compare FedWaD to the *empirical* exact W, which is larger for small n in high dimension).
+    Bures²; compare FedWaD to the *empirical* exact W, which is larger for small n in high dimension).
     """
     if n < 1 or ratio < 1 or n // ratio < 1:
         raise ValueError(f"need n ≥ ratio ≥ 1 (got n={n}, ratio={ratio})")

@@ -3,7 +3,7 @@
 The five files are real, uniformly drawn subsamples of MNIST, Fashion-MNIST, KMNIST, USPS and CIFAR-10
 (5,000 train + 1,000 test images each); data/README.md gives source, licence and SHA-256 of every
 file. They feed the feature track: federated OTDD between datasets and the "Boosting FL" clustering
-experiments (SPEC §2, FedWaD §5) and the FedBary client cases (SPEC §3).
+experiments (FedWaD §5) and the FedBary client cases (FedBary appendix 10.1).
 
 Only :func:`load_images` touches the file system; everything else in :mod:`otfed.data` works on arrays.
 """

@@ -4,7 +4,7 @@ Every function takes the label vector of the pool and a ``numpy.random.Generator
 sorted index array per client into that vector. Clients are disjoint; the output depends only on the
 arguments and the generator's state.
 
-The class-pair partition is the "Boosting FL" setting of FedWaD (SPEC §2): with "strong structure"
+The class-pair partition is the "Boosting FL" setting of FedWaD (app. D.5): with "strong structure"
 each client holds one of the pairs (0,1),(2,3),(4,5),(6,7),(8,9), at least two clients per pair; with
 "no structure" each client holds a random pair of distinct classes.
 """
@@ -41,7 +41,7 @@ def _check_n_clients(n_clients: int, n_samples: int) -> None:
 
 def partition_iid(labels: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """iid partition: shuffle all samples and cut them into ``n_clients`` parts whose sizes differ by
-    at most one (the homogeneous baseline of SPEC §2–3)."""
+    at most one (the homogeneous baseline)."""
     labels = _check_labels(labels)
     _check_n_clients(n_clients, labels.shape[0])
     return [np.sort(part) for part in np.array_split(rng.permutation(labels.shape[0]), n_clients)]
@@ -92,7 +92,7 @@ def partition_dirichlet(
 def partition_class_pairs(
     labels: np.ndarray, n_clients: int, structure: str, rng: np.random.Generator
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Class-pair partition of FedWaD's "Boosting FL" experiments (SPEC §2; tables 1–5 of FedWaD).
+    """Class-pair partition of FedWaD's "Boosting FL" experiments (FedWaD app. D.5; tables 1–5 of FedWaD).
 
     structure="strong": groups (0,1),(2,3),(4,5),(6,7),(8,9). Clients 0–9 get groups 0,0,1,1,…,4,4
     (two per group); clients 10.. get groups drawn uniformly at random. Needs n_clients ≥ 10.

@@ -1,4 +1,4 @@
-"""KNOT — federated distillation with confident Sinkhorns (SPEC §1; papers 000 and 001).
+"""KNOT — federated distillation with confident Sinkhorns (KNOT, COLING 2022, and its draft).
 
 K local teachers h_k, trained on private client data, label an unlabelled transfer set; the server
 fits a global student h_θ to their predictions with eq. 3, Σ_k W_k(h_k(x)) · T_ε(h_θ(x), h_k(x)), where

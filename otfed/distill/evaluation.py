@@ -1,4 +1,4 @@
-"""Scoring a KNOT model on every test set (KNOT tables 2–4; SPEC §1): the task's headline score and
+"""Scoring a KNOT model on every test set (KNOT tables 2–4): the task's headline score and
 Semantic Distance, on each party's test split and on their union ``ALL``.
 
 The test sets are the experimenter's view, as in the papers' tables: the server uses them for scoring

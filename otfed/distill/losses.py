@@ -13,10 +13,10 @@ or KL(h_k(x) || h_θ(x)) for the papers' "Entropy" baseline.
 normalised scores w̄_k = w_k / Σ_j w_j; so the weights are normalised per sample by default. This also
 makes the weightings comparable: D's shares, U's and E's distances and A's ones all give a convex
 combination of the teachers' discrepancies. ``normalize=False`` reproduces the authors' code, which
-leaves Σ_k W_k T_k unnormalised (reference-notes §3.4). A sample whose weights are all 0 (every
+leaves Σ_k W_k T_k unnormalised. A sample whose weights are all 0 (every
 teacher predicts exactly its bias under E) contributes 0.
 
-**Learning without forgetting** (SPEC §1): the frozen pretrained global model is one more teacher,
+**Learning without forgetting** (KNOT §6): the frozen pretrained global model is one more teacher,
 stacked last by :func:`teacher_stack` and weighted like the others.
 
 **Mixture ablation** (:func:`mixture_sinkhorn_loss`, not the papers' loss): one OT term per sample,
@@ -40,7 +40,7 @@ REDUCTIONS = ("mean", "none")
 
 def teacher_stack(local_probs: Sequence[torch.Tensor], global_probs: torch.Tensor | None = None) -> torch.Tensor:
     """B×K×C teacher predictions: the local teachers' B×C predictions in order, then — for learning
-    without forgetting (SPEC §1) — the frozen pretrained global model's predictions as the last teacher.
+    without forgetting (KNOT §6) — the frozen pretrained global model's predictions as the last teacher.
     """
     members = list(local_probs) + ([] if global_probs is None else [global_probs])
     if not members:

@@ -1,4 +1,4 @@
-"""Server-side training of KNOT's global student on the transfer set (KNOT §5, eq. 3; SPEC §1).
+"""Server-side training of KNOT's global student on the transfer set (KNOT §5, eq. 3).
 
 The server holds the student h_θ (initialised from its pretrained global model), the unlabelled transfer
 texts and a :class:`~otfed.distill.ensemble.TeacherEnsemble` built from client messages. It minimises

@@ -1,4 +1,4 @@
-"""Per-sample teacher weights W_k(h_k(x)) of KNOT's eq. 3, named as in the papers' tables (SPEC §1, C2).
+"""Per-sample teacher weights W_k(h_k(x)) of KNOT's eq. 3, named as in the papers' tables (KNOT §5.1, §5.2, §6).
 
 =====  =====================================================================  ============================
 name   W_k for a transfer sample x                                             papers

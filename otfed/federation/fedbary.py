@@ -24,8 +24,8 @@ Design choices (and why):
   O(S·d) per message and the server's OT problems are S × S or S × m. The paper's eq. 5 writes η_{P_i}
   on P_i's atoms; on the geodesic both parametrisations describe the same measures, and η_{P_i} never
   leaves the client anyway.
-- t ~ U(0, 1) is drawn privately at every interpolation by default (SPEC §2: a fixed t = 0.5 stalls
-  above W in dimension ≥ 10).
+- t ~ U(0, 1) is drawn privately at every interpolation by default (FedWaD §3 allows a random t; a fixed
+  t = 0.5 stalls above W in dimension ≥ 10).
 - Monotonicity (paper theorem 1): with a fixed target Q (validation set) and geodesic interpolants
   (``interpolation="exact"``, or approximate interpolation where every plan is a permutation: uniform
   measures with S = n_i = m), Σ_i (d_i^client + d_i^server) is non-increasing in k; proof: the γ update
@@ -89,7 +89,7 @@ class FedBaryConfig(FedWaDConfig):
     ``support_size`` S — atoms of every γ_i and of the barycenter support X̃_Q (γ_i^(0) and X̃_Q^(0)
     atoms ~ N(0, init_scale² I)); ``barycenter_step`` — see the module docstring;
     ``min_geodesic_fraction`` floors ŝ_i (guards against division by ~0); ``diagonal`` — diagonal class
-    covariances in the label augmentation (SPEC §3); ``potential`` — the dual potentials behind datum
+    covariances in the label augmentation (FedBary §4.1); ``potential`` — the dual potentials behind datum
     values (calibrated gradients, eq. 10).
     """
 

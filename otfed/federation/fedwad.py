@@ -54,7 +54,8 @@ class FedWaDConfig(Strict):
     """Algorithm 1 settings — also the ``fedwad`` params groups of ``params.yaml``.
 
     ``t="random"`` (default; ``None`` is accepted as the same) draws t ~ U(0,1) independently at every
-    interpolation: with a fixed t = 0.5 the estimate stalls strictly above W in dimension ≥ 10 (SPEC §2).
+    interpolation: with a fixed t = 0.5 the estimate stalls strictly above W in dimension ≥ 10 (FedWaD §3 lets
+    clients pick t at random).
 
     ``solver="auto"`` picks per subproblem (:func:`subproblem_solver`): the network simplex for exact
     interpolation (eq. 5 needs its sparse vertex plan) and for comparable sizes; the semi-dual Newton
@@ -146,7 +147,7 @@ def subproblem_solver(config: FedWaDConfig, n: int, m: int) -> str:
 
 
 def subproblem_transport(source: Measure, target: Measure, config: FedWaDConfig) -> Transport:
-    """The optimal plan and W_p(source, target) of one FedWaD subproblem (SPEC §0; Algorithm 1, the plan
+    """The optimal plan and W_p(source, target) of one FedWaD subproblem (FedWaD eq. 2; Algorithm 1, the plan
     behind every InterpMeas and the final distances), by the solver :func:`subproblem_solver` picks.
 
     ``solver="auto"`` falls back: where it picked the semi-dual Newton solver and that raises

@@ -1,4 +1,4 @@
-"""KNOT's federated protocol (KNOT §3, SPEC §1): what crosses the client/server boundary.
+"""KNOT's federated protocol (KNOT §3): what crosses the client/server boundary.
 
 A KNOT client trains its teacher on private data and sends the server three things, each a typed
 message recorded in the ledger:
@@ -112,7 +112,7 @@ def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = 
 def server_ensemble(messages: Iterable[Message], locals: Sequence[str], global_party: str | None = None, *,
                     bias_kind: str = BIAS) -> TeacherEnsemble:
     """The KNOT server's teacher ensemble from the messages it received (KNOT §3): the local teachers in
-    ``locals`` order, then — under learning without forgetting (SPEC §1) — the frozen global model
+    ``locals`` order, then — under learning without forgetting (KNOT §6) — the frozen global model
     ``global_party`` as one more teacher (None: locals only). Messages from anyone else are ignored.
     ``bias_kind`` (``BIAS`` or ``SOFT_BIAS``) picks the bias histograms, as in :func:`teacher_ensemble`."""
     _check_bias_kind(bias_kind)

@@ -100,7 +100,7 @@ class MomentMessage(Message):
 @dataclass(frozen=True)
 class PredictionMessage(Message):
     """A teacher's probabilities h_k(x) on the shared transfer set (N×C): all a KNOT client ever sends
-    about its data and model (KNOT §3; SPEC §1 "the server only ever sees teacher predictions")."""
+    about its data and model (KNOT §3; the server only ever sees teacher predictions)."""
 
     probabilities: np.ndarray = None  # type: ignore[assignment]
 

@@ -1,4 +1,4 @@
-"""Federated learning algorithms as pure functions over model state (DESIGN: "fl/").
+"""Federated learning algorithms as pure functions over model state.
 
 - :mod:`.fedavg` — ``init_state``, ``client_update``, ``server_aggregate``, ``evaluate``, ``predict``,
   ``fedavg``, ``fedavg_state``, ``fedavg_accuracy``; softmax regression or a small MLP in torch

@@ -1,5 +1,5 @@
-"""FedAvg (McMahan et al. 2017) as pure functions over model state (SPEC §3 "Boost FL"; DESIGN: Flower-style
-separation of training code from transport).
+"""FedAvg (McMahan et al. 2017) as pure functions over model state (the "Boost FL" experiments: FedWaD
+app. D.5, FedBary §11.4; a Flower-style separation of training code from transport).
 
 A *state* is a ``dict[str, torch.Tensor]`` (a module ``state_dict``) of a feed-forward classifier:
 linear layers ``layers.{k}.weight`` / ``layers.{k}.bias`` with ReLU between them. One layer is

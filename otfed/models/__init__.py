@@ -1,7 +1,7 @@
-"""Text classifiers for the KNOT track (SPEC §1): tokenizer, models and supervised training, offline.
+"""Text classifiers for the KNOT track (KNOT §6): tokenizer, models and supervised training, offline.
 
-KNOT's teachers, global model and student are "BERT-tiny-sized encoder + classifier" models trained
-with cross-entropy (SPEC §1, KNOT §6); teachers may differ in architecture. Nothing is downloaded: a
+KNOT's teachers, global model and student are BERT-tiny-sized encoder + classifier models trained
+with cross-entropy (KNOT §6, app. H); teachers may differ in architecture. Nothing is downloaded: a
 party trains its own WordPiece vocabulary, models are built from configs, and any other model comes
 from a local Hugging Face directory.
 

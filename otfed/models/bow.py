@@ -1,6 +1,6 @@
 """A bag-of-word-pieces classifier: a fast, non-transformer architecture for heterogeneous KNOT teachers.
 
-KNOT (SPEC §1; KNOT §6) lets every local teacher have its own architecture — the server only ever sees
+KNOT (§6) lets every local teacher have its own architecture — the server only ever sees
 its predictions on the transfer set. :class:`BagOfWordsClassifier` is a fastText-style model (Joulin et
 al., 2017, "Bag of Tricks for Efficient Text Classification") over the party's own WordPiece ids
 (:func:`otfed.models.tokenizer.train_wordpiece`, the same tokenizer a ``kind="bert"`` party trains):

@@ -1,6 +1,6 @@
 """In-domain masked-language-model pretraining of a shared BERT-tiny encoder, offline.
 
-KNOT (SPEC §1; KNOT §6) fine-tunes teachers that start from a pretrained BERT; nothing may be downloaded
+KNOT (§6, app. H) fine-tunes teachers that start from a pretrained BERT; nothing may be downloaded
 here, so the only pretraining available is on the embedded texts themselves. :func:`pretrain_mlm` trains
 a BERT encoder of a :class:`~otfed.models.ModelSpec`'s size with BERT's masked-language-model objective
 (Devlin et al., 2019, §3.1: 15 % of the word pieces chosen; of those 80 % replaced by ``[MASK]``, 10 % by a

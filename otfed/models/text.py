@@ -1,8 +1,8 @@
 """One party's text classifier: a tokenizer, a sequence-classification transformer and a token budget.
 
-KNOT (SPEC §1, "Teachers: cross-entropy; model = BERT-tiny-sized encoder (2 layers, hidden 128,
-2 heads) + classifier"; KNOT §6) trains each local teacher, the global model and the student as such
-a classifier, and allows the teachers to differ in architecture. Nothing is downloaded:
+KNOT (§6; app. H: a pretrained BERT-Tiny, 2 layers, hidden 128, 2 heads) trains each local teacher with
+cross-entropy and allows the teachers to differ in architecture; here each local teacher, the global model
+and the student is such a classifier, of the kind its spec names. Nothing is downloaded:
 
 - ``kind="bert"`` — ``BertForSequenceClassification`` built from a ``BertConfig`` of the spec's size,
   over a WordPiece vocabulary trained on the party's own training texts (:mod:`otfed.models.tokenizer`);
@@ -77,7 +77,7 @@ def flatten_texts(texts: Iterable[Text]) -> list[str]:
 
 
 class ModelSpec(Strict):
-    """The architecture of one party's classifier (SPEC §1: a BERT-tiny-sized encoder + classifier) — also the
+    """The architecture of one party's classifier (a BERT-tiny-sized encoder + classifier; KNOT app. H) — also the
     ``train_teachers.model`` params group and each entry of ``train_teachers.party_models``.
 
     ``layers``/``hidden``/``heads``/``intermediate`` are BERT-tiny's shape (the papers' teacher) and map to
@@ -135,7 +135,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 class TextClassifier:
-    """A tokenizer + sequence-classification model + token budget: one party's model (SPEC §1). The model is a
+    """A tokenizer + sequence-classification model + token budget: one party's model (KNOT §6). The model is a
     ``transformers`` one or a :class:`~otfed.models.bow.BagOfWordsClassifier` (same forward/``config`` shape).
 
     ``labels`` names the C output columns in order. :meth:`logits` is differentiable (the caller sets
@@ -344,7 +344,7 @@ class TextClassifier:
 # -------------------------------------------------------------------------------------------- build
 def build_classifier(spec: ModelSpec, labels: Sequence[str], train_texts: Sequence[Text] | None, seed: int,
                      device: str | torch.device | None = "cpu") -> TextClassifier:
-    """A fresh classifier for one party (SPEC §1: "BERT-tiny-sized encoder + classifier"; KNOT §6).
+    """A fresh classifier for one party (a BERT-tiny-sized encoder + classifier; KNOT §6).
 
     ``bert``/``distilbert``: a WordPiece tokenizer trained on ``train_texts`` and a randomly initialised
     model of ``spec``'s size with ``len(labels)`` outputs — BERT's initialisation (linear and embedding

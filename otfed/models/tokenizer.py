@@ -1,6 +1,6 @@
 """A WordPiece tokenizer trained on a party's own texts, so that no model or vocabulary is downloaded.
 
-KNOT (SPEC §1) trains every teacher as a "BERT-tiny-sized encoder + classifier"; the papers start from
+Every KNOT teacher here is a BERT-tiny-sized encoder + classifier (KNOT app. H: BERT-Tiny); the papers start from
 bert-base-uncased's WordPiece vocabulary. Here each party trains its own WordPiece vocabulary on its
 private training texts with the ``tokenizers`` library — BERT's normaliser (lower-casing and accent
 stripping by default) and pre-tokeniser (split on whitespace and punctuation), special tokens
@@ -72,8 +72,8 @@ def train_wordpiece(
     gives fewer entries); ``min_frequency`` is the least count of a merged pair. Returns a
     ``PreTrainedTokenizerFast`` whose calls add ``[CLS] … [SEP]``, pad with ``[PAD]`` (id 0), and which
     round-trips through ``save_pretrained`` / ``from_pretrained``. Deterministic: the same texts give
-    the same vocabulary and ids in any process. Implements the tokenizer of SPEC §1's teachers
-    ("BERT-tiny-sized encoder + classifier") without downloading bert-base-uncased's vocabulary.
+    the same vocabulary and ids in any process. Implements the tokenizer of the teachers
+    (BERT-tiny-sized encoder + classifier) without downloading bert-base-uncased's vocabulary.
     """
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"vocab_size must be > {len(SPECIAL_TOKENS)}, got {vocab_size}")

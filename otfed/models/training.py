@@ -1,7 +1,7 @@
 """Supervised training of a text classifier: KNOT's local teachers and pretrained global model.
 
-SPEC §1 ("Teachers: cross-entropy; model = BERT-tiny-sized encoder + classifier; Adam; batch and lr
-by grid; 20 epochs"; KNOT §6): each client fits its teacher on its private labelled texts with the
+KNOT §6 and app. H (teachers trained with cross-entropy; BERT-Tiny; Adam; batch size and learning rate
+by grid search; 20 epochs): each client fits its teacher on its private labelled texts with the
 cross-entropy loss, and the server pretrains the global model the same way on its own labelled set
 before distillation (learning without forgetting). :func:`train_classifier` does this with AdamW,
 early stopping on validation macro-F1 and the best epoch's weights restored — or, with
@@ -198,7 +198,7 @@ class EpochLoss:
 
 # --------------------------------------------------------------------------------------- training
 class TrainingConfig(Strict):
-    """Supervised training of a teacher or the global model (SPEC §1; KNOT §6): cross-entropy, AdamW, early
+    """Supervised training of a teacher or the global model (KNOT §6): cross-entropy, AdamW, early
     stopping on validation macro-F1 — also the ``train_teachers.training`` params group.
 
     ``patience``: epochs without a strictly better validation macro-F1 before stopping (None: run all
@@ -305,7 +305,7 @@ def train_classifier(
     description: str = "",
     eval_batch_size: int = 128,
 ) -> TrainResult:
-    """Fit ``clf`` in place on labelled texts with the cross-entropy loss (SPEC §1 teachers; KNOT §6).
+    """Fit ``clf`` in place on labelled texts with the cross-entropy loss (KNOT §6 teachers).
 
     Labels are column indices 0..C−1 of ``clf.labels``; ``config`` defaults to ``TrainingConfig()``. Each
     epoch: shuffled mini-batches of ``config.batch_size`` (order from a generator seeded with ``seed``), AdamW

@@ -1,4 +1,4 @@
-"""Optimal-transport primitives used by FedWaD, federated OTDD, FedBary and KNOT (SPEC §0–§2).
+"""Optimal-transport primitives used by FedWaD, federated OTDD, FedBary and KNOT.
 
 Public names (implementation modules in parentheses):
 

@@ -11,7 +11,7 @@ def sinkhorn_log(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """Entropic OT plan argmin_{P ∈ Π(a,b)} <P, M> − ε H(P) by Sinkhorn in the log domain.
 
-    This is the regularised problem behind KNOT's T_ε (SPEC §1, eq. 3) and the entropic OT of
+    This is the regularised problem behind KNOT's T_ε (eq. 1, inside eq. 3) and the entropic OT of
     Cuturi (2013); the plan is P_ij = exp((f_i + g_j − M_ij)/ε) with dual potentials f, g, and
     alternately
         f_i = ε log a_i − ε LSE_j((g_j − M_ij)/ε),   g_j = ε log b_j − ε LSE_i((f_i − M_ij)/ε),

@@ -1,7 +1,7 @@
 """Entropic OT between label histograms on a fixed support — KNOT's T_ε (eq. 1), batched over samples
 and teachers.
 
-KNOT (SPEC §1, eq. 3) compares the student's prediction h_θ(x) ∈ Δ^C with each teacher's h_k(x) ∈ Δ^C
+KNOT (eq. 3) compares the student's prediction h_θ(x) ∈ Δ^C with each teacher's h_k(x) ∈ Δ^C
 by the vanilla Sinkhorn distance of the papers' eq. 1,
 
     T_ε(μ, ν) = min_{P ∈ Π(μ, ν)} ⟨P, C⟩ + ε KL(P | μ⊗ν),

@@ -1,4 +1,4 @@
-"""Ground costs, the exact OT plan (network simplex) and the Wasserstein distance W_p (SPEC §0)."""
+"""Ground costs, the exact OT plan (network simplex) and the Wasserstein distance W_p (FedWaD §2.1, eq. 2)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from otfed.ot.measures import Measure
 from otfed.ot.semidual import semidual_plan
 
 #: numItermax passed to POT's network simplex. POT's default (100,000) silently stops early on
-#: ~2000×2000 problems (reference-notes §0.4), so we always pass a large value and check the result.
+#: ~2000×2000 problems, so we always pass a large value and check the result.
 DEFAULT_NUM_ITERMAX = 10_000_000
 
 #: Solvers accepted by :func:`optimal_transport`.
@@ -45,13 +45,13 @@ def _as_points(X: np.ndarray, name: str) -> np.ndarray:
 
 
 def cost_matrix(X: np.ndarray, Y: np.ndarray, p: int) -> np.ndarray:
-    """Ground cost C_ij = ||x_i − y_j||^p of SPEC §0 (the cost inside W_p), for p ∈ {1, 2}.
+    """Ground cost C_ij = ||x_i − y_j||^p of FedWaD eq. 2 (the cost inside W_p), for p ∈ {1, 2}.
 
     Squared distances are computed as ||x||² + ||y||² − 2 x·y on centred data and clamped at 0 (rounding
     can make them slightly negative for coincident points). Entries where that expansion loses
     precision (squared distance < 1e-6 · (max ||x||² + max ||y||²), centred) are recomputed as Σ (x − y)², so coincident
     points get exactly 0 and every entry is accurate to ~1e-10 relative. p = 2 returns the squared
-    distances as they are — never sqrt-then-square, whose gradient is NaN at 0 (reference-notes §1.2);
+    distances as they are — never sqrt-then-square, whose gradient is NaN at 0;
     p = 1 returns their square root. 1-D inputs are treated as points on the line.
     """
     if p not in (1, 2):
@@ -114,10 +114,10 @@ def _network_simplex(a: np.ndarray, b: np.ndarray, M: np.ndarray, num_itermax: i
 
 
 def exact_plan(a: np.ndarray, b: np.ndarray, M: np.ndarray, num_itermax: int = DEFAULT_NUM_ITERMAX) -> np.ndarray:
-    """The optimal plan argmin_{P ∈ Π(a, b)} <P, M> by the network simplex (``ot.emd``; SPEC §0).
+    """The optimal plan argmin_{P ∈ Π(a, b)} <P, M> by the network simplex (``ot.emd``; FedWaD eq. 2).
 
     M is divided by its maximum (when positive) before solving, for conditioning only: the minimiser of
-    <P, M/c> over Π(a, b) is the minimiser of <P, M> for any c > 0 (reference-notes §1.2, item 4).
+    <P, M/c> over Π(a, b) is the minimiser of <P, M> for any c > 0.
     Raises :class:`OTConvergenceError` when the solver did not reach optimality, e.g. when ``num_itermax``
     simplex iterations were not enough — POT only warns and returns a sub-optimal plan in that case.
     """
@@ -153,7 +153,7 @@ def wasserstein(
     p: int = 2,
     num_itermax: int = DEFAULT_NUM_ITERMAX,
 ) -> float:
-    """W_p(μ, ν) = (min_{P ∈ Π(a,b)} Σ P_ij ||x_i − y_j||^p)^(1/p) — SPEC §0; W_p itself, not W_p^p.
+    """W_p(μ, ν) = (min_{P ∈ Π(a,b)} Σ P_ij ||x_i − y_j||^p)^(1/p) — FedWaD eq. 2; W_p itself, not W_p^p.
 
     Exact (network simplex, :func:`exact_plan`); the cost is evaluated on the unnormalised ground cost.
     ``a``/``b`` default to uniform weights.
@@ -177,7 +177,7 @@ class Transport:
 
 
 def optimal_transport(mu: Measure, nu: Measure, p: int = 2, solver: str = "network_simplex", **solver_options) -> Transport:
-    """Optimal plan between μ and ν for the cost ||x − y||^p and W_p(μ, ν) (SPEC §0).
+    """Optimal plan between μ and ν for the cost ||x − y||^p and W_p(μ, ν) (FedWaD eq. 2).
 
     ``solver`` is ``"network_simplex"`` (exact, :func:`exact_plan`; option ``num_itermax``) or
     ``"semidual_newton"`` (entropic semi-dual Newton with ε-annealing, :func:`semidual_plan`;

@@ -1,4 +1,4 @@
-"""FedWaD interpolating measures on the Wasserstein geodesic between μ (t = 0) and ν (t = 1) (SPEC §2)."""
+"""FedWaD interpolating measures on the Wasserstein geodesic between μ (t = 0) and ν (t = 1) (FedWaD eq. 5, 10)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def interpolate_exact(mu: Measure, nu: Measure, plan: np.ndarray, t: float, rel_
 
     Every pair with P_ij > ``rel_threshold``·max(P) becomes an atom (1−t)x_i + t·y_j with weight P_ij;
     the weights are renormalised to sum to 1. The threshold is *relative* to the largest entry: the
-    authors' absolute 1e-5 cut drops every atom once masses fall below 1e-5 (reference-notes §1.2).
+    authors' absolute 1e-5 cut drops every atom once masses fall below 1e-5.
     For a vertex (network-simplex) plan the support has at most n + m − 1 atoms. With the optimal plan
     for the cost ||x − y||², t ↦ ξ_t is a constant-speed W_2 geodesic: W_2(μ, ξ_t) = t·W_2(μ, ν).
     """
@@ -68,7 +68,7 @@ def interpolating_measure(
     solver: str = "network_simplex",
     **solver_options,
 ) -> tuple[Measure, float]:
-    """The FedWaD interpolating measure between μ and ν at time t, and W_p(μ, ν) (SPEC §2).
+    """The FedWaD interpolating measure between μ and ν at time t, and W_p(μ, ν) (FedWaD eq. 5, 10).
 
     Solves the optimal plan P for the cost ||x − y||^p (``solver`` as in
     :func:`otfed.ot.optimal_transport`, which receives ``solver_options``), then builds the interpolant with FedWaD eq. 10 (``mode="approx"``,

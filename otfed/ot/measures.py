@@ -1,4 +1,4 @@
-"""Discrete probability measures (SPEC §0): a support X (n×d) with weights w (n,) summing to one."""
+"""Discrete probability measures (FedWaD §2.1): a support X (n×d) with weights w (n,) summing to one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ WEIGHT_SUM_TOL = 1e-8
 
 @dataclass(frozen=True, eq=False)
 class Measure:
-    """A discrete measure μ = Σ_i w_i δ_{x_i} (SPEC §0 convention ``(X, w)``).
+    """A discrete measure μ = Σ_i w_i δ_{x_i} (FedWaD §2.1; stored as ``(X, w)``).
 
     ``support`` is an (n, d) float64 array of atoms, ``weights`` an (n,) float64 array of non-negative
     masses summing to 1 (within 1e-8). Both are converted to float64 and validated on construction;
@@ -49,7 +49,7 @@ class Measure:
 
     @classmethod
     def uniform(cls, X: np.ndarray) -> "Measure":
-        """The empirical measure (1/n) Σ_i δ_{x_i} of the rows of X (SPEC §0: uniform unless said)."""
+        """The empirical measure (1/n) Σ_i δ_{x_i} of the rows of X."""
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
             raise ValueError(f"Measure support must be a 2-D (n, d) array, got shape {X.shape}")

@@ -1,4 +1,4 @@
-"""Label-augmented optimal transport dataset distance (OTDD) — SPEC §2 "Federated OTDD".
+"""Label-augmented optimal transport dataset distance (OTDD; Alvarez-Melis & Fusi 2020), as in FedWaD app. D.3.
 
 The ground cost between labelled samples is d((x, y), (x', y'))² = ||x − x'||² + W₂²(α_y, α_y'), where
 α_y is the class-conditional distribution of label y, modelled as a Gaussian N(m_y, Σ_y) so that
@@ -19,7 +19,7 @@ from otfed.ot.measures import Measure
 
 @dataclass(frozen=True, eq=False)
 class ClassStats:
-    """Per-class Gaussian statistics of one data set (FedWaD §5 / SPEC §2 "Federated OTDD").
+    """Per-class Gaussian statistics of one data set (FedWaD §5, app. D.3).
 
     ``labels`` (k,) sorted distinct labels; ``means`` (k, d); ``sqrt_covs`` the covariance square
     roots — (k, d) per-feature standard deviations when ``diagonal``, else (k, d, d) symmetric PSD
@@ -104,7 +104,7 @@ def _psd_sqrt(A: np.ndarray) -> np.ndarray:
 
 
 def augment_with_label_stats(x: np.ndarray, y: np.ndarray, stats: ClassStats) -> np.ndarray:
-    """Label-augmented samples [x; m_y; vec(Σ_y^{1/2})] (diagonal mode: [x; m_y; s_y]) — SPEC §2, FedWaD §5.
+    """Label-augmented samples [x; m_y; vec(Σ_y^{1/2})] (diagonal mode: [x; m_y; s_y]) — FedWaD §5, app. D.3.
 
     Squared Euclidean distances between augmented rows equal ||x − x'||² + ||m − m'||² + ||S − S'||_F²,
     which is :func:`otdd_ground_cost` exactly in diagonal mode (and for commuting covariances) and an
@@ -152,7 +152,7 @@ def label_cost(stats_s: ClassStats, stats_t: ClassStats) -> np.ndarray:
 def otdd_ground_cost(
     xs: np.ndarray, ys: np.ndarray, stats_s: ClassStats, xt: np.ndarray, yt: np.ndarray, stats_t: ClassStats
 ) -> np.ndarray:
-    """OTDD pair cost M_ij = ||x_i − x'_j||² + W₂²(α_{y_i}, α'_{y'_j}) (SPEC §2 "Federated OTDD")."""
+    """OTDD pair cost M_ij = ||x_i − x'_j||² + W₂²(α_{y_i}, α'_{y'_j}) (FedWaD app. D.3)."""
     L = label_cost(stats_s, stats_t)
     idx_s = stats_s.index_of(ys, "source labels")
     idx_t = stats_t.index_of(yt, "target labels")
@@ -171,7 +171,7 @@ def otdd_exact(
 
     Uniform weights on both data sets, each using its own class statistics (:func:`class_statistics`),
     solved by the network simplex (:func:`otfed.ot.exact_plan`). This is the reference the federated
-    OTDD (FedWaD on augmented vectors) is compared against (SPEC §2).
+    OTDD (FedWaD on augmented vectors) is compared against (FedWaD app. D.4).
     """
     stats_s = class_statistics(xs, ys, diagonal=diagonal, client="source")
     stats_t = class_statistics(xt, yt, diagonal=diagonal, client="target")

@@ -1,6 +1,6 @@
 """Fast entropic semi-dual OT solver (damped Newton + ε-annealing) for a small support vs a large one.
 
-FedWaD (SPEC §2, Algorithm 1) repeatedly transports a small interpolating measure (S atoms, S ≲ 200)
+FedWaD (Algorithm 1) repeatedly transports a small interpolating measure (S atoms, S ≲ 200)
 to a client's full data set (n up to 20,000+). The exact network simplex costs seconds on such a
 problem (≈5 s for 10 × 20,000 in 2-D); the semi-dual below has only S unknowns, so each Newton step is
 one pass over the n×S cost matrix plus an S×S solve (≈0.04 s in total for 10 × 20,000). Its advantage
@@ -255,7 +255,7 @@ def semidual_plan(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Entropic OT plan between (a, M rows) and (b, M columns) by the semi-dual with Newton steps.
 
-    This is the fast subproblem solver used by FedWaD (SPEC §2, Algorithm 1) for the transports between
+    This is the fast subproblem solver used by FedWaD (Algorithm 1) for the transports between
     a small interpolating measure (S atoms) and a client's large data set (n atoms). With the dual vector
     g ∈ R^S on the small side (here written as the b side), it maximises the entropic semi-dual
 

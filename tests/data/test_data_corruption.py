@@ -1,4 +1,4 @@
-"""Label flips, feature noise and the FedBary client cases (SPEC §3): the recorded ground truth must be
+"""Label flips, feature noise and the FedBary client cases (FedBary app. 10.1): the recorded ground truth must be
 exactly the set of samples that changed, and the rates and sizes must be the paper's."""
 
 from pathlib import Path

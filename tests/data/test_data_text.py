@@ -1,4 +1,4 @@
-"""KNOT text parties (SPEC §1, KNOT §6): labels, texts, splits and chunks are checked against the raw CSVs
+"""KNOT text parties (KNOT §6): labels, texts, splits and chunks are checked against the raw CSVs
 re-read independently with pandas; bad inputs fail with messages naming file, column and value; the
 transfer set's labels are provably never read."""
 
@@ -32,7 +32,7 @@ from otfed.errors import ConfigError, DataFileError, DegenerateClientError
 RAW = Path(__file__).resolve().parents[2] / "data" / "raw"
 SEP = " [SEP] "
 UNCAPPED = dict(max_train=None, max_eval=None, max_transfer=None)
-# independent truth: the unified raw label → the LabelSpace name (SPEC §1)
+# independent truth: the unified raw label → the LabelSpace name (KNOT fig. 3)
 ERC_NAME = {"neutral": "no emotion", "anger": "anger", "joy": "happiness", "sadness": "sadness",
             "surprise": "surprise"}
 

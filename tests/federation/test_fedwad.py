@@ -64,7 +64,7 @@ def test_one_dimensional_contraction_closed_form() -> None:
 
 
 def test_random_t_converges_where_fixed_half_stalls_in_10d() -> None:
-    """SPEC §2: with t = 0.5 the estimate stalls strictly above W in d ≥ 10; random t reaches it."""
+    """With t = 0.5 the estimate stalls strictly above W in d ≥ 10; random t reaches it."""
     x, y = gaussians(100, 100, 10, seed=6)
     exact = exact_w2(x, y)
     fixed = federated_wasserstein(x, y, FedWaDConfig(support_size=100, iterations=40, t=0.5,

@@ -32,7 +32,7 @@ def test_ensemble_stacks_predictions_in_the_requested_order() -> None:
 
 
 def test_server_ensemble_is_the_locals_then_the_global_model() -> None:
-    """Learning without forgetting (SPEC §1): the frozen global model is the last teacher; without it only
+    """Learning without forgetting (KNOT §6): the frozen global model is the last teacher; without it only
     the locals count. A message from a party that is no teacher is ignored."""
     rng = np.random.default_rng(4)
     probs = {name: _probs(rng) for name in ("a", "b", "g", "stranger")}

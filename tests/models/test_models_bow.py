@@ -1,4 +1,4 @@
-"""The bag-of-words classifier kind (a fastText-style heterogeneous teacher; SPEC §1, KNOT §6)."""
+"""The bag-of-words classifier kind (a fastText-style heterogeneous teacher; KNOT §6)."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Masked-language-model pretraining of a shared encoder, offline (BERT §3.1 masking; SPEC §1 teachers)."""
+"""Masked-language-model pretraining of a shared encoder, offline (BERT §3.1 masking; KNOT §6 teachers)."""
 from __future__ import annotations
 
 import pytest

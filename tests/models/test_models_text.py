@@ -1,4 +1,4 @@
-"""Text classifiers built without downloads (SPEC §1: "BERT-tiny-sized encoder + classifier"; KNOT §6)."""
+"""Text classifiers built without downloads (a BERT-tiny-sized encoder + classifier; KNOT §6)."""
 from __future__ import annotations
 
 import json

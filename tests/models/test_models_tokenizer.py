@@ -1,4 +1,4 @@
-"""WordPiece tokenizer trained on a party's own texts (SPEC §1 teachers; KNOT app. D.1 vocabulary)."""
+"""WordPiece tokenizer trained on a party's own texts (KNOT §6 teachers; KNOT app. D.1 vocabulary)."""
 from __future__ import annotations
 
 import random

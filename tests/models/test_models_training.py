@@ -1,4 +1,4 @@
-"""Supervised training of a text classifier (SPEC §1: "Teachers: cross-entropy … Adam"; KNOT §6)."""
+"""Supervised training of a text classifier (KNOT §6 and app. H: cross-entropy, Adam)."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor

@@ -97,7 +97,7 @@ def test_cost_tends_to_exact_w1_within_the_entropic_bound(task):
 
 
 def test_authors_test_vector_at_eps_1e_3():
-    """reference-notes K2: softmax([2,1,0,−1,−2]) vs [.1,.2,.3,.2,.2] on the authors' 6-D coordinates;
+    """The authors' code's example: softmax([2,1,0,−1,−2]) vs [.1,.2,.3,.2,.2] on the authors' 6-D coordinates;
     exact W1 1.849592 and POT's sinkhorn_log transport cost 1.84959 at reg 1e-3 (geomloss's default
     ε-scaling stops at 1.550697, far from both)."""
     coords = torch.cat([torch.eye(5, dtype=F64), torch.arange(-2.0, 3.0, dtype=F64)[:, None]], dim=1)

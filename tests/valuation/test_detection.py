@@ -1,4 +1,4 @@
-"""Detection metrics (hand-computed) and the planted feature-noise experiment (SPEC §3, fig. 5)."""
+"""Detection metrics (hand-computed) and the planted feature-noise experiment (FedBary fig. 5)."""
 from __future__ import annotations
 
 import numpy as np

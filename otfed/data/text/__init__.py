@@ -1,6 +1,6 @@
 """Text data of the KNOT track: the three tasks' parties, read from data/raw and split deterministically.
 
-KNOT (COLING 2022, §6 "Datasets"; SPEC §1 "Experiments") evaluates federated distillation on three
+KNOT (COLING 2022, §6 "Datasets") evaluates federated distillation on three
 tasks. Each task has K **local** parties (private teachers), one **global** party (the server's own
 labelled data, used to pretrain the student: learning without forgetting) and an unlabelled
 **transfer** set on which the teachers' predictions are distilled:

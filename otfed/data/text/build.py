@@ -60,7 +60,7 @@ def audit_positions(n_transfer: int, spec: TextTaskSpec, seed: int) -> np.ndarra
 
 
 def build_text_federation(spec: TextTaskSpec, data_dir: str | Path, seed: int) -> TextFederation:
-    """The parties of one KNOT task (KNOT §6 datasets; SPEC §1 "Experiments"), deterministic in ``seed``.
+    """The parties of one KNOT task (KNOT §6 datasets), deterministic in ``seed``.
 
     Reads the task's raw files from ``data_dir``; raises :class:`DataFileError` for a missing file or
     column, an unknown label value (naming file, column, values and the allowed ones) or a party name

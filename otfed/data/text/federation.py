@@ -60,7 +60,7 @@ class TextParty:
 
 @dataclass(frozen=True, eq=False)
 class TextFederation:
-    """All parties of one KNOT task (SPEC §1): locals, the global party and the unlabelled transfer texts.
+    """All parties of one KNOT task (KNOT §6): locals, the global party and the unlabelled transfer texts.
 
     ``dropped_texts`` counts, per raw file, the rows read for this federation whose text was missing or
     blank and that were dropped. ``raw_sha256`` maps each raw file read to its SHA-256.

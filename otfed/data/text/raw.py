@@ -27,7 +27,7 @@ RAW_FILES: dict[str, str] = {
     "anli": "nli_anli.csv.gz",
 }
 
-#: Raw label value (as written in the CSV) → label name of ``LabelSpace.for_task(task)`` (SPEC §1).
+#: Raw label value (as written in the CSV) → label name of ``LabelSpace.for_task(task)`` (KNOT §6).
 RAW_LABELS: dict[str, dict[str, str]] = {
     "sa": {"1": "strong negative", "2": "weak negative", "3": "neutral", "4": "weak positive",
            "5": "strong positive"},
@@ -37,7 +37,7 @@ RAW_LABELS: dict[str, dict[str, str]] = {
 }
 
 DD_CHUNKS = 4
-_DD_SPLIT_ORDER = ("train", "validation", "test")  # DailyDialog's pooled order (SPEC §1: contiguous chunks)
+_DD_SPLIT_ORDER = ("train", "validation", "test")  # DailyDialog's pooled order (KNOT §6: four chunks)
 _SPLIT_NAMES = {"train": "train", "validation": "val", "val": "val", "dev": "val", "test": "test"}
 
 
@@ -106,7 +106,7 @@ def _stem(path: Path) -> str:
 
 
 def _read_dialogues(path: Path, name: str, with_labels: bool, spec: TextTaskSpec, chunks: int | None) -> RawRows:
-    """ERC files: utterances with up to ``context_turns`` previous turns of their dialogue (SPEC §1).
+    """ERC files: utterances with up to ``context_turns`` previous turns of their dialogue (KNOT §6, ERC).
 
     DailyDialog (``chunks`` = 4): dialogues pooled in the order train, validation, test, then file order,
     and cut into ``chunks`` contiguous runs of whole dialogues with ≈ equal utterance counts, named

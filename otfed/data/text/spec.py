@@ -1,5 +1,5 @@
 """The KNOT tasks, their datasets and default party layouts, and :class:`TextTaskSpec` — which parties a task
-has and how they are sized (KNOT §6 "Datasets"; SPEC §1). ``TextTaskSpec`` is also the
+has and how they are sized (KNOT §6 "Datasets"). ``TextTaskSpec`` is also the
 ``partition.text.tasks.<task>`` params group.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ DEFAULT_CAPS: dict[str, int] = {"max_train": 800, "max_eval": 300, "max_transfer
 
 
 class TextTaskSpec(Strict):
-    """Which parties a KNOT task has and how they are sized (SPEC §1) — also the ``partition.text.tasks.<task>``
+    """Which parties a KNOT task has and how they are sized (KNOT §6) — also the ``partition.text.tasks.<task>``
     params group (there ``task`` is the group's key).
 
     Domain names: SA — the ``domain`` values of the dataset's file; ERC — ``dd_chunk1`` … ``dd_chunk4``
@@ -120,5 +120,5 @@ def default_spec(task: str, **overrides: Any) -> TextTaskSpec:
 
 
 def label_names(task: str) -> tuple[str, ...]:
-    """The task's label order, ``LabelSpace.for_task(task).labels`` (KNOT fig. 3; SPEC §1)."""
+    """The task's label order, ``LabelSpace.for_task(task).labels`` (KNOT fig. 3)."""
     return tuple(TASK_COORDINATES[task][0])

@@ -1,4 +1,4 @@
-"""Seeded train / val / test splits of a party and the caps on their sizes (SPEC §1): stratified by label
+"""Seeded train / val / test splits of a party and the caps on their sizes: stratified by label
 (SA, NLI), by whole dialogue (DailyDialog chunks) or the file's own split (MELD). Every party draws from
 its own generator seeded by ``(seed, task, party name)``.
 """
