@@ -452,12 +452,35 @@ def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig 
                         validation: LabelledData | None = None, seed: int = 0, channel: Channel | None = None,
                         datum_values: bool = False, potential: Potential = "sinkhorn",
                         workers: Workers | None = None) -> FedBaryResult:
-    """Convenience: FedBary over labelled client datasets (each augmented client-side with its own class
-    statistics), with the server's ``validation`` set (augmented with the server's statistics) as Q, or
-    the federated barycenter when ``validation`` is None. Every party is seeded from ``seed``.
+    """Convenience: FedBary (Algorithm 1) over labelled client datasets (each augmented client-side with its own
+    class statistics, FedBary §4.1), with the server's ``validation`` set (augmented with the server's
+    statistics) as Q, or the federated barycenter when ``validation`` is None. Every party is seeded from
+    ``seed``.
 
-    ``config``: a :class:`FedBaryConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`: an unknown
-    key or a bad value is a :class:`~otfed.errors.ConfigError` naming it, another type a TypeError).
+    Parameters:
+        datasets: the clients' labelled datasets (:class:`~otfed.ot.otdd.LabelledData`), same feature size.
+        config: a :class:`FedBaryConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`: an unknown
+            key or a bad value is a :class:`~otfed.errors.ConfigError` naming it, another type a TypeError).
+        validation: the server's own labelled set, Q; None: the federated barycenter.
+        seed: every party's generator is spawned from it (same seed → same numbers).
+        channel: the ledger every message goes through.
+        datum_values: also each client's calibrated gradients (eq. 10), computed client-side.
+        potential: the dual potentials for the datum values, "sinkhorn" or "exact".
+        workers: how client steps run (in process by default; :mod:`otfed.federation.parties`).
+
+    Returns:
+        A :class:`FedBaryResult`: ``distances`` (each client's W to Q, an upper bound), ``contributions`` (percent,
+        summing to 100: a client closer to Q contributes more), ``history``, ``datum_values`` when asked for.
+
+    Three clients, the third's features shifted — the farthest from the others, so the least valuable:
+
+    >>> rng = np.random.default_rng(0)
+    >>> y = np.repeat([0, 1], 30)
+    >>> clients = [LabelledData(f"client_{i}", rng.normal(size=(60, 2)) + 3.0 * y[:, None] + shift, y)
+    ...            for i, shift in enumerate([0.0, 0.0, 2.0])]
+    >>> result = federated_valuation(clients, FedBaryConfig(support_size=30, iterations=10))
+    >>> round(float(result.contributions.sum()), 6), int(result.contributions.argmin())
+    (100.0, 2)
 
     Raises :class:`DegenerateClientError` naming the first unusable client, ValueError naming the clients'
     feature dimensions (the label-augmented ones in parentheses) when they, or the validation set's, differ.
