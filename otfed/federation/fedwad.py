@@ -486,8 +486,19 @@ def federated_wasserstein(x_mu: np.ndarray, x_nu: np.ndarray, config: FedWaDConf
     upper bound of W_p (eq. 6) and, with ``config.lower_bound`` and p = 2, Gelbrich's lower bound (Gelbrich
     1990, Theorem 2.1) from the clients' moments — which reveals them to the server.
 
-    ``config``: a :class:`FedWaDConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`: an unknown
-    key or a bad value is a :class:`~otfed.errors.ConfigError` naming it, another type a TypeError).
+    Parameters:
+        x_mu, x_nu: the two clients' samples, n_μ × d and n_ν × d (each stays on its client).
+        config: a :class:`FedWaDConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`: an unknown
+            key or a bad value is a :class:`~otfed.errors.ConfigError` naming it, another type a TypeError).
+            ``support_size`` S is the approximate interpolating measure's support (eq. 10): S = n is the most
+            accurate (theorem 1), a small S in high dimension is loose — the bracket says how loose.
+        seed: every party's generator is spawned from it (same seed → same numbers).
+        names: the two clients' names in messages and errors.
+        channel: the ledger every message goes through (a fresh one by default).
+
+    Returns:
+        A :class:`FedWaDResult`: ``estimate`` (the upper bound), ``lower`` (Gelbrich's bound when computed),
+        ``bracket``, ``kind``, ``status``, ``notes``, the per-iteration ``history`` and the ``ledger``.
 
     Raises DegenerateClientError naming the client for an empty or non-finite sample array, ValueError naming
     both clients and both feature sizes when their dimensions differ. Warns (``RuntimeWarning``) when the

@@ -99,14 +99,15 @@ def test_fedbary_names_a_validation_set_of_another_feature_dimension() -> None:
 
 
 def test_the_entry_points_runnable_examples_pass() -> None:
-    """The docstring examples of federated_wasserstein, federated_otdd and federated_valuation run (each checks
-    its result against an independent truth: POT's exact solver, or the planted outlier client)."""
+    """The docstring examples of federated_wasserstein, federated_otdd, federated_valuation and valuation_spread
+    run (each checks its result against an independent truth: POT's exact solver, the planted outlier client,
+    identical clients' symmetric share)."""
     import doctest
     import importlib
 
     # importlib: the package exports a function named like its module (otfed.federation.fedwad is the function)
     for name, entry in (("fedwad", "federated_wasserstein"), ("otdd", "federated_otdd"),
-                        ("fedbary", "federated_valuation")):
+                        ("fedbary", "federated_valuation"), ("fedbary", "valuation_spread")):
         module = importlib.import_module(f"otfed.federation.{name}")
         finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
         tests = [t for t in finder.find(module) if t.name.endswith(f".{entry}")]
