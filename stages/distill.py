@@ -330,10 +330,8 @@ def task_inputs(p: Params, task: str) -> tuple[TextFederation, list[Message], di
     fed, messages = server_inputs(p, task)
     locals_ = [q.name for q in fed.locals]
     glob = fed.global_party.name if d.learning_without_forgetting else None
-    kinds = [BIAS] * d.needs_bias + [SOFT_BIAS] * d.needs_soft_bias
+    kinds = [BIAS] * d.needs_bias + [SOFT_BIAS] * d.needs_soft_bias or [BIAS]  # no bias needed: none is read
     ensembles = {kind: server_ensemble(messages, locals_, glob, bias_kind=kind) for kind in kinds}
-    if not kinds:
-        ensembles[BIAS] = server_ensemble(messages, locals_, glob)
     ensembles["gate"] = server_ensemble([m for m in messages if m.kind in (PREDICTIONS, DATASET_SIZE)], locals_,
                                         fed.global_party.name)
     return fed, messages, ensembles

@@ -1169,8 +1169,9 @@ def gate_of(r: Reports, task: str, role: str) -> pd.DataFrame:
 
 
 quote("gate: ERC and NLI", "no ERC teacher reaches Spearman {} on DailyDialog's fourth chunk (best {}), and every "
-      "NLI model, the global one included, is at chance (Spearman ≤ {<=}, SD no better than a constant)", GATE,
-      lambda r: [one_value(r.csv(GATE)["task"].map(lambda _: 0.3).tolist(), "threshold"),
+      "NLI model, the global one included, is at chance (Spearman ≤ {<=}, SD no better than a constant)",
+      f"params.yaml, {GATE}",
+      lambda r: [r.yaml("params.yaml")["distill"]["gate_threshold"],
                  gate_of(r, "erc", "local")["informativeness"].max(),
                  r.csv(GATE)[r.csv(GATE)["task"] == "nli"]["informativeness"].max()])
 quote("gate: verdicts", "So **ERC and NLI cannot be tested here**", GATE,

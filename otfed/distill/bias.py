@@ -133,26 +133,6 @@ def probability_bias(
     return hard
 
 
-def soft_probability_bias(
-    predict_proba: Callable[[list[str]], "np.ndarray | torch.Tensor"],
-    texts: Iterable[str],
-    batch_size: int = 128,
-    *,
-    n_labels: int | None = None,
-    progress: bool = True,
-    description: str = "soft probability bias",
-) -> torch.Tensor:
-    """The soft bias E_{x∼N}[h(x)]: the mean predicted probability row on ``texts`` — an ablation of KNOT's
-    B (§5.2, app. D.1), which counts argmax labels instead (:func:`probability_bias`).
-
-    Arguments as :func:`probability_bias`, but ``predict_proba`` must return probabilities: every row
-    finite, non-negative and summing to 1 within ``ROW_SUM_TOLERANCE`` (ValueError otherwise, e.g. for
-    logits). Returns a float64 tensor of length C (on the CPU), renormalised to sum to 1 exactly.
-    """
-    return probability_biases(predict_proba, texts, batch_size, n_labels=n_labels, progress=progress,
-                              description=description)[1]
-
-
 def probability_biases(
     predict_proba: Callable[[list[str]], "np.ndarray | torch.Tensor"],
     texts: Iterable[str],
@@ -163,9 +143,12 @@ def probability_biases(
     description: str = "probability bias",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(hard, soft) from one pass of the teacher over ``texts``: KNOT's B, the argmax frequencies (§5.2,
-    app. D.1; the values of :func:`probability_bias`), and the ablation's soft bias, the mean probability
-    row (:func:`soft_probability_bias`, whose requirements on ``predict_proba`` apply). Both float64, on
-    the CPU, summing to 1; accumulated where the predictions are and read back once."""
+    app. D.1; the values of :func:`probability_bias`), and the ablation's soft bias E_{x∼N}[h(x)], the mean
+    probability row — not the papers' definition. Both float64, on the CPU, summing to 1 (the soft one
+    renormalised); accumulated where the predictions are and read back once.
+
+    Arguments as :func:`probability_bias`, but ``predict_proba`` must return probabilities: every row finite,
+    non-negative and summing to 1 within ``ROW_SUM_TOLERANCE`` (ValueError otherwise, e.g. for logits)."""
     hard, soft = _biases(predict_proba, texts, batch_size, n_labels, progress, description, soft=True)
     assert soft is not None
     return hard, soft

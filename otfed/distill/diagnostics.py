@@ -23,18 +23,12 @@ from typing import Mapping
 
 import numpy as np
 
-from otfed.metrics import semantic_distance
+from otfed.metrics import _as_numpy, semantic_distance
 
 #: Tolerance of the geometric median's data-point optimality test, relative to the total weight.
 MEDIAN_TOL = 1e-10
 _GRADIENT_TOL = 1e-12  # stopping gradient norm of the iteration off the data points, relative to the total weight
 _MEDIAN_MAX_ITER = 100_000
-
-
-def _as_numpy(x) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch tensor
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
 
 
 def _coordinates(label_space) -> np.ndarray:

@@ -130,7 +130,7 @@ def distill_student(
                 break
     if best_state is not None:
         model.load_state_dict(best_state)
-        best_epoch = min((r for r in history), key=lambda r: r["holdout_loss"])["epoch"]
+        best_epoch = min(history, key=lambda r: r["holdout_loss"])["epoch"]
         for r in history:
             r["best"] = r["epoch"] == best_epoch
     model.eval()

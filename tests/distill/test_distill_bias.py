@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from otfed.distill import probability_bias, random_texts
-from otfed.distill.bias import probability_biases, soft_probability_bias
+from otfed.distill.bias import probability_biases
 
 VOCAB = ["good", "bad", "[CLS]", "##ing", "meh"]
 
@@ -97,7 +97,7 @@ def test_soft_bias_is_the_mean_probability_row_and_hard_the_argmax_frequency():
         np.testing.assert_allclose(soft.numpy(), expected_soft, rtol=0, atol=1e-15)
         assert float(soft.sum()) == pytest.approx(1.0, abs=1e-15)
         assert probability_bias(fn, texts, batch_size=8, progress=False).tolist() == hard.tolist()
-        np.testing.assert_allclose(soft_probability_bias(fn, texts, batch_size=8, progress=False).numpy(),
+        np.testing.assert_allclose(probability_biases(fn, texts, batch_size=8, progress=False)[1].numpy(),
                                    expected_soft, rtol=0, atol=1e-15)
 
 
@@ -124,7 +124,7 @@ def test_a_uniform_teacher_has_a_uniform_soft_bias_but_a_one_hot_hard_one():
 def test_soft_bias_rejects_rows_that_are_not_probabilities(scores, what):
     texts = ["a", "b", "c"]
     with pytest.raises(ValueError, match=r"3 of 3 rows that are not probabilities.*sum(ming)? to 1 within 0.0001"):
-        soft_probability_bias(lambda b: scores[:len(b)], texts, progress=False)
+        probability_biases(lambda b: scores[:len(b)], texts, progress=False)
     # the hard bias alone still takes scores of any kind (only the argmax counts)
     if what == "logits":
         assert probability_bias(lambda b: scores[:len(b)], texts, progress=False).tolist() == [1.0, 0.0, 0.0]
@@ -133,7 +133,7 @@ def test_soft_bias_rejects_rows_that_are_not_probabilities(scores, what):
 def test_soft_bias_accepts_rows_within_the_tolerance_and_checks_the_width():
     texts = ["a", "b"]
     rows = np.array([[0.5, 0.5 + 5e-5], [0.3, 0.7 - 5e-5]])
-    soft = soft_probability_bias(lambda b: rows[:len(b)], texts, progress=False)
+    _, soft = probability_biases(lambda b: rows[:len(b)], texts, progress=False)
     assert float(soft.sum()) == pytest.approx(1.0, abs=1e-15)
     with pytest.raises(ValueError, match="expected 3"):
         probability_biases(lambda b: rows[:len(b)], texts, n_labels=3, progress=False)
