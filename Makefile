@@ -14,13 +14,18 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup pipeline test test-fast bench clean-runs mlflow-server gpu-check device-kit
+.PHONY: setup pipeline test test-fast bench studies clean-runs mlflow-server gpu-check device-kit
 
-$(VENV)/.installed: requirements.lock
+$(VENV)/.installed: requirements.lock pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.lock
-	$(VENV)/bin/pip install -q --no-deps -e .   # the `otfed` command (its dependencies: the lock above)
+	$(VENV)/bin/pip install -q --no-deps -e .   # the otfed library, editable (its dependencies: the lock above)
+	# the pipeline is not in the wheel: this checkout on the venv's path (stages/, flows/ for Dask and Prefect
+	# workers started anywhere), and the `otfed` command of flows/cli.py
+	$(VENV)/bin/python -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "otfed-checkout.pth").write_text(sys.argv[1] + "\n")' "$(CURDIR)"
+	printf '#!/bin/sh\n# the otfed command of the checkout %s (make setup wrote it)\nexec "%s/bin/python" -m flows.cli "$$@"\n' "$(CURDIR)" "$(abspath $(VENV))" > $(VENV)/bin/otfed
+	chmod +x $(VENV)/bin/otfed
 	touch $@
 
 setup: $(VENV)/.installed
@@ -37,21 +42,31 @@ test: setup
 test-fast: setup   ## no `slow` (small-ε references, in-process Dask) or `integration` (real servers, subprocesses) test
 	python -m pytest -m "not slow and not integration"
 
-bench: setup   ## every benchmark → reports/bench/ (tens of minutes; not part of the tests)
+bench: setup   ## the benchmarks (time, memory, scaling) → reports/bench/ (tens of minutes; not part of the tests)
 	python -m bench.fedwad_speed
 	python -m bench.distill_speed
 	python -m bench.distill_step
 	python -m bench.fedbary_scaling
-	python -m bench.removal_sweep   # where noise costs FedAvg accuracy and whether FedBary removal wins it back (~7 min)
 	python -m bench.scale_out   # task runners side by side (needs data/partitions: dvc repro partition)
 	python -m bench.blas_threads   # fed_distance's jobs: task threads × BLAS threads (needs data/partitions)
-	python -m bench.coreset_users   # FedWaD fig. 5 / 12 at 20, 50, 100 clients (~6 min)
 
-gpu-check: setup   ## on a CUDA machine: GPU info, the gpu-marked tests, a timed tiny text-track run → reports/bench/gpu_check.txt
-	bash bench/gpu_check.sh
+# the research studies (questions about the methods, not timings) → reports/studies/; not part of the tests.
+# studies.fedwad_support_rule is run by hand (its docstring has the command); knot_membership and knot_targets
+# read the text track's committed outputs (models/text, data/text_*: dvc repro or dvc pull first)
+studies: setup   ## the research studies → reports/studies/ (about an hour)
+	python -m studies.removal_sweep   # where noise costs FedAvg accuracy and whether FedBary removal wins it back (~7 min)
+	python -m studies.coreset_users   # FedWaD fig. 5 / 12 at 20, 50, 100 clients (~6 min)
+	python -m studies.fedbary_features   # which features let FedBary see the noise (needs data/partitions, ~3 min)
+	python -m studies.teacher_options   # stronger SA teachers within the offline rule (~30 min)
+	python -m studies.privacy_attack_sweep   # a curious server's reconstructions over the privacy knobs (~30 s)
+	python -m studies.knot_membership   # membership inference against the committed KNOT teachers
+	python -m studies.knot_targets   # what the KNOT students are asked to learn
 
-device-kit: setup   ## .devkit/: what a GPU node without a package index lacks (CPython 3.12), for bench/gpu_session.sh
-	python -m bench.device_kit $(if $(WITH_DVC),--with-dvc)
+gpu-check: setup   ## on a CUDA machine: GPU info, the gpu-marked tests, a timed tiny text-track run → reports/gpu/gpu_check.txt
+	bash gpu/gpu_check.sh
+
+device-kit: setup   ## .devkit/: what a GPU node without a package index lacks (CPython 3.12), for gpu/gpu_session.sh
+	python -m gpu.device_kit $(if $(WITH_DVC),--with-dvc)
 
 clean-runs:  ## forget local MLflow / Prefect history (not the DVC outputs)
 	rm -rf mlruns.db mlartifacts .prefect
@@ -62,7 +77,7 @@ MLFLOW_SERVER_DIR := $(abspath mlflow-server)
 mlflow-server: setup   ## MLflow tracking server: 127.0.0.1:$(MLFLOW_PORT), store and artifacts in mlflow-server/ (Ctrl-C stops it)
 	mkdir -p $(MLFLOW_SERVER_DIR)/artifacts
 	@echo "MLflow server on http://127.0.0.1:$(MLFLOW_PORT) (runs: $(MLFLOW_SERVER_DIR)/mlflow.db, artifacts: $(MLFLOW_SERVER_DIR)/artifacts)"
-	@echo "log every stage to it — in each shell that runs dvc / python -m stages.<name>:"
+	@echo "log every stage to it — in each shell that runs dvc / python -m flows.stage <name>:"
 	@echo "    export MLFLOW_TRACKING_URI=http://127.0.0.1:$(MLFLOW_PORT)"
 	mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers $(MLFLOW_WORKERS) \
 		--backend-store-uri sqlite:///$(MLFLOW_SERVER_DIR)/mlflow.db \

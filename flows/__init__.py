@@ -2,4 +2,5 @@
 scheduled pipeline flow (pipeline.py)."""
 from otfed.cpu_kernels import use_portable_kernels
 
-use_portable_kernels()  # the `otfed` command, Prefect workers, Dask workers: before numpy or torch is imported
+use_portable_kernels()  # the stage runner (python -m flows.stage <name>), the `otfed` command, Prefect workers,
+# Dask workers: before numpy or torch is imported

@@ -1,6 +1,6 @@
 """The process a stage answers to: a stage never outlives its caller, and never swaps in outputs after it.
 
-``dvc repro`` starts ``python -m stages.<name>`` (through ``/bin/sh -c`` when ``$SHELL`` is unset: dash then
+``dvc repro`` starts ``python -m flows.stage <name>`` (through ``/bin/sh -c`` when ``$SHELL`` is unset: dash then
 stays in between as the parent). When DVC itself is stopped — ``kill <pid>``, a CI cancel, ``docker stop``,
 a Prefect cancellation of the pipeline flow — it exits at once and reports failure; nothing tells the stage.
 Left alone, the stage would run on, reparented to init, and swap new outputs in after DVC had reported the

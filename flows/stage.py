@@ -1,6 +1,8 @@
 """The one generic stage flow: every DVC stage runs through :func:`main` / :func:`run_stage`.
 
-``python -m stages.<name> [--verbose]`` (what ``dvc.yaml`` calls) → :func:`main`:
+``python -m flows.stage <name> [--verbose]`` (what every ``dvc.yaml`` cmd calls; ``otfed run <name>`` too) →
+:func:`cli` → :func:`main`, which finds the stage by name (:func:`stages.params.stage`). This runner is the one
+entry point: the stage modules in ``stages/`` never import ``flows``.
 
 1. ``params.yaml`` is validated and the preflight (:func:`stages.stage.preflight`) runs before any server
    starts: the stage's inputs exist and are readable, its output folders can be replaced, their disk has room,
@@ -12,7 +14,8 @@
 3. :func:`run_stage`: every output folder of the stage is built in a staging folder and swapped in only
    when the whole stage succeeds; one MLflow run (tags ``stage``, ``git_commit``, ``params_hash``) holds
    the params it read, the report's tables and figures, its nested variant runs and ``metrics.json``;
-   the stage's jobs fan out as Prefect tasks (one task run per job, results in job order);
+   the stage's jobs fan out as Prefect tasks (one task run per job) and their results reach the report by job
+   key (:class:`stages.stage.Results`, in job order; two jobs with one key: a ValueError before any runs);
 4. a failure ends in one ``error:`` line naming the task that failed (exit 2 for an
    :class:`~otfed.errors.OtfedError` — bad data, degenerate client —, 1 for anything else); the full
    traceback goes to the stage's log file (``.prefect/logs/<stage>.log``) and, with ``--verbose``, to the
@@ -39,6 +42,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import ExitStack, contextmanager
@@ -55,9 +59,8 @@ from otfed import io
 from otfed.cpu_kernels import hold_torch_kernels, kernels_in_use, portability_gaps
 from otfed.errors import ConfigError, OtfedError
 from stages.params import load_params, stage as stage_named, stages as all_stages, validate_params
-from stages.stage import Job, Stage, headline_metrics, preflight, unmatched_patterns
-import tempfile
-from stages.stage import committed_table, wall_time_columns
+from stages.stage import (Job, Results, Stage, check_keys, committed_table, headline_metrics, preflight,
+                          unmatched_patterns, wall_time_columns)
 
 log = logging.getLogger("otfed.stage")
 
@@ -325,16 +328,18 @@ def run_stage(stage: Stage | str, params: Any, lifeline: Lifeline | None = None)
         dirs = {folder: staged.enter_context(io.staged_directory(folder)) for folder in stage.outputs}
         hold_torch_kernels()
         jobs = stage.jobs(p, dirs)
+        check_keys(stage.name, jobs)  # before any work: the report finds each result by its job's key
         record_kernels(stage.name, run)
         announce(stage.name, f"{len(jobs)} tasks on "
                              f"{runners.describe(p.run.task_runner, p.run.max_workers, p.run.dask_address)} "
                              f"(MLflow run {run.run_id})")
         mix = p.run.task_runner == "thread"
-        results = fan_out(jobs, label=stage.name, mix_kinds=mix)
+        results = Results.of_jobs(jobs, fan_out(jobs, label=stage.name, mix_kinds=mix), stage.name)
         if stage.followups is not None:
             more = stage.followups(p, results)
+            check_keys(stage.name, more, earlier=jobs)
             announce(stage.name, f"{len(more)} follow-up tasks (built from the first {len(jobs)} results)")
-            results = results + fan_out(more, label=stage.name, mix_kinds=mix)
+            results = results + Results.of_jobs(more, fan_out(more, label=stage.name, mix_kinds=mix), stage.name)
         announce(stage.name, "report: tables, figures, metrics")
         reports = dirs[stage.outputs[0]]
         metrics = stage.report(p, results, TrackedReport(run, reports), dirs)
@@ -362,7 +367,7 @@ def record_kernels(label: str, run: tracking.TrackedRun) -> None:
     gaps = portability_gaps(found)
     if gaps:
         announce(label, f"warning: not on the portable CPU kernels ({'; '.join(gaps)}): outputs may differ in the "
-                        "last bits on another CPU (start the stage with `python -m stages.<name>`, or set "
+                        "last bits on another CPU (start the stage with `python -m flows.stage <name>`, or set "
                         "OTFED_CPU_KERNELS=native to say this is meant)")
 
 
@@ -482,8 +487,10 @@ def failure_lines(exc: BaseException, log_file: Path | None) -> list[str]:
 
 
 def main(stage: Stage | str, params_path: str | Path = "params.yaml", argv: list[str] | None = None) -> int:
-    """``python -m stages.<name> [--verbose]``: validate params, check inputs, run the stage as a Prefect
-    flow; errors → one ``error:`` line (exit 2 for bad params / data, 1 otherwise, 130 / 143 interrupted)."""
+    """Run ``stage`` (``python -m flows.stage <name> [--verbose]``, :func:`cli`): validate params, check inputs,
+    run the stage as a Prefect flow; errors → one ``error:`` line (exit 2 for bad params / data, 1 otherwise,
+    130 / 143 interrupted). ``argv``: the process's arguments (``sys.argv[1:]`` when None: the process's own
+    program), read for ``--verbose``."""
     argv = sys.argv[1:] if argv is None else argv
     verbose = "--verbose" in argv or os.environ.get("OTFED_VERBOSE", "") not in {"", "0"}
     try:
@@ -516,7 +523,8 @@ def output_owners() -> dict[str, str]:
 
 
 def argv_is_program(argv: list[str] | None) -> bool:
-    """Whether :func:`main` runs as the process's program (``python -m stages.<name>``), not inside a caller."""
+    """Whether :func:`main` runs as the process's program (``python -m flows.stage <name>``), not inside a
+    caller."""
     return argv is None or argv == sys.argv[1:]
 
 
@@ -576,5 +584,27 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], life
     return 0
 
 
-if __name__ == "__main__":  # python -m flows.stage <name>
-    raise SystemExit(main(sys.argv[1], argv=sys.argv[2:]) if len(sys.argv) >= 2 else 2)
+USAGE = "usage: python -m flows.stage <stage> [--verbose]"
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m flows.stage <stage> [--verbose]`` — the command of every ``dvc.yaml`` stage: :func:`main` for
+    the stage named (``argv``: ``sys.argv[1:]`` when None, the process's own program). No stage name, two, or an
+    option other than ``--verbose`` → one ``error:`` line with the usage and the stages, exit 2; an unknown
+    stage → :func:`main`'s ``error: unknown stage …`` line, exit 2."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    names = [a for a in args if not a.startswith("-")]
+    options = [a for a in args if a.startswith("-") and a != "--verbose"]
+    if len(names) != 1 or options:
+        print(f"error: {USAGE} (got {' '.join(args) or 'nothing'}); stages: {', '.join(sorted(all_stages()))}",
+              file=sys.stderr)
+        return 2
+    return main(names[0], argv=None if argv is None else args)
+
+
+if __name__ == "__main__":  # python -m flows.stage <name> [--verbose]: what dvc.yaml runs
+    # the imported module's cli, not this __main__ copy's: the runner's functions then belong to flows.stage,
+    # which a Dask worker imports (it cannot import __main__)
+    from flows.stage import cli as _cli
+
+    raise SystemExit(_cli())

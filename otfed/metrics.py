@@ -100,6 +100,34 @@ def semantic_distance(probs, labels, label_space) -> float:
 
     Lower is better; 0 when every prediction puts all its mass on the true label. ``probs`` N×C,
     ``labels`` N integer labels (column indices), ``label_space`` a LabelSpace or C×D coordinates.
+
+    Parameters:
+        probs: N×C predicted probabilities (numpy or torch), column l for label l.
+        labels: the N true labels, integer indices 0..C−1.
+        label_space: an :class:`otfed.label_space.LabelSpace` (its ``coordinates``) or a C×D array of label
+            coordinates.
+
+    Returns:
+        SD as a float: the mean over the present labels of their samples' mean Euclidean error.
+
+    Raises ValueError for an empty set, shapes that do not match or labels outside 0..C−1.
+
+    KNOT §1's example (its 0.033s written 0.1 / 3, so that m1 sums to 1), a strongly negative text (rating 1):
+    m1's argmax is wrong but its expected rating, 2.0, is closer to 1 than that of m2, whose argmax is right
+    (2.8):
+
+    >>> from otfed.label_space import LabelSpace
+    >>> sa = LabelSpace.for_task("sa")
+    >>> m1, m2 = [0.2, 0.7, 0.1 / 3, 0.1 / 3, 0.1 / 3], [0.4, 0.1, 0.1, 0.1, 0.3]
+    >>> [round(semantic_distance([m], [0], sa), 12) for m in (m1, m2)]
+    [1.0, 1.8]
+
+    A perfect prediction scores 0; the mean is label-wise, so one wrong sample of the rare rating 5 (predicted
+    4) counts half, not a quarter:
+
+    >>> labels = np.array([0, 0, 0, 4])
+    >>> semantic_distance(np.eye(5)[labels], labels, sa), semantic_distance(np.eye(5)[[0, 0, 0, 3]], labels, sa)
+    (0.0, 0.5)
     """
     errors = semantic_errors(probs, labels, label_space)
     labels = _as_numpy(labels).astype(int)

@@ -14,11 +14,12 @@
 * **duplication** (table 3), one job: a client's whole dataset, or one of its data, duplicated; the exact
   W_2 (POT's network simplex) next to FedBary's estimate.
 
-All jobs form one flat list (contributions, outlier, detection, duplication — in that order); the report
-regroups their results by kind. Score convention for detection: a *suspicion* per datum, larger = more
-likely noisy (FedBary / LAVA calibrated gradients as they are; KNN-Shapley and leave-one-out values
-negated); a method flags the data with suspicion > 0 (value < 0 for the Shapley-type methods) and the
-removal curves drop the most suspicious first.
+All jobs form one flat list (contributions, outlier, detection, duplication, privacy — in that order), each
+keyed by its kind first (``("contributions", federation, seed)``, ``"outlier"``, ``("detection", kind, rate)``,
+``"duplication"``, ``("privacy", kind, seed)``); the report reads each kind's results by key. Score convention
+for detection: a *suspicion* per datum, larger = more likely noisy (FedBary / LAVA calibrated gradients as they
+are; KNN-Shapley and leave-one-out values negated); a method flags the data with suspicion > 0 (value < 0 for the
+Shapley-type methods) and the removal curves drop the most suspicious first.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ from otfed.valuation.reconstruction import (accuracy_utility, gtg_shapley, multi
                                             one_round_reconstruction)
 from stages import layout
 from stages.params import server_split_federation
-from stages.stage import Job, Report, Stage, timed
+from stages.stage import Job, Report, Results, Stage, timed
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -67,7 +68,6 @@ OUTPUTS = (layout.VALUATION_REPORTS,)
 CONTRIBUTION_METHODS = ("fedbary_validation", "fedbary_barycenter", "exact_shapley", "leave_one_out",
                         "monte_carlo_shapley", "tmc_shapley", "one_round", "multi_round", "gtg_shapley")
 DETECTION_METHODS = ("fedbary", "lava", "knn_shapley", "leave_one_out", "random")
-KINDS = ("contributions", "outlier", "detection", "duplication", "privacy")  # the kinds of job, in job order
 
 
 # ------------------------------------------------------------------------------------------ params
@@ -234,18 +234,10 @@ def preflight(p: Params) -> None:
 
 
 # -------------------------------------------------------------------------------------------- jobs
-def job_kinds(p: Params) -> list[str]:
-    """The kind of every job of :func:`jobs`, in job order (the report regroups results with it)."""
-    bv = p.barycenter_valuation
-    privacy = len(bv.privacy.kinds) * bv.privacy.seeds if bv.privacy is not None else 0
-    return (["contributions"] * (len(bv.contributions.federations) * bv.contributions.seeds) + ["outlier"]
-            + ["detection"] * (len(bv.detection.kinds) * len(bv.detection.rates)) + ["duplication"]
-            + ["privacy"] * privacy)
-
-
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """One contributions job per (federation, seed), the outlier job, one detection job per (kind, rate), the
-    duplication job (features projected as the params say; noise planted before the projection)."""
+    duplication job, one DP FedBary job per (kind, seed) (features projected as the params say; noise planted
+    before the projection); keys in the module docstring."""
     # FedAvg (the contributions jobs' utility) runs on run.device; on CPU one torch thread per task
     device = stage_device(p.run.device)
     bv, seed = p.barycenter_valuation, p.run.seed
@@ -263,11 +255,11 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
             out.append(Job(f"contributions {name} seed {s}", client_contributions, dict(
                 name=name, clients=client_sets(fed), validation=validation, config=bv.fedbary, fedavg=c.fedavg,
                 permutations=c.monte_carlo_permutations, tmc_tolerance=c.tmc_tolerance, gtg=c.gtg, seed=s,
-                device=device, planted_noise=planted)))
+                device=device, planted_noise=planted), key=("contributions", name, s)))
     out.append(Job(f"outlier {o.federation}", outlier_distances, dict(
         fed=load(o.federation), noisy_client=o.client, fraction=o.fraction, noise_std=o.noise_std,
         projection=FeatureProjection(pca_components=bv.pca_components, random_projection=bv.random_projection),
-        validation_samples=c.validation_samples, config=bv.fedbary, seed=seed)))
+        validation_samples=c.validation_samples, config=bv.fedbary, seed=seed), key="outlier"))
     clean = load(d.federation)
     for kind in d.kinds:
         for rate in d.rates:
@@ -277,12 +269,13 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
             out.append(Job(f"detection {kind} {rate}", detection_setting, dict(
                 kind=kind, rate=rate, clients=client_sets(fed), noisy=noisy, validation=validation, holdout=holdout,
                 config=bv.fedbary, knn_k=d.knn_k, removal_step=d.removal_step,
-                removal_max_fraction=d.removal_max_fraction, seed=seed, removal_embedding=d.removal_embedding)))
+                removal_max_fraction=d.removal_max_fraction, seed=seed, removal_embedding=d.removal_embedding),
+                key=("detection", kind, rate)))
     fed = bv.project(load(u.federation), seed)
     validation, _ = server_split(fed, u.validation_samples)
     out.append(Job(f"duplication {u.federation}", duplication_robustness, dict(
         clients=client_sets(fed), validation=validation, client=u.client, copies=u.copies,
-        datum_copies=u.datum_copies, config=bv.fedbary, seed=seed, seed_repeats=u.seed_repeats)))
+        datum_copies=u.datum_copies, config=bv.fedbary, seed=seed, seed_repeats=u.seed_repeats), key="duplication"))
     if bv.privacy is not None:
         q = bv.privacy
         for kind in q.kinds:
@@ -295,7 +288,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
                 out.append(Job(f"dp-fedbary {kind} seed {s}", dp_detection, dict(
                     kind=kind, rate=q.rate, clients=client_sets(fed), noisy=noisy, validation=validation,
                     config=bv.fedbary, epsilons=q.epsilons, delta=q.delta, clip_radius=radius,
-                    accountant=q.accountant, seed=s)))
+                    accountant=q.accountant, seed=s), key=("privacy", kind, s)))
     return out
 
 
@@ -620,16 +613,13 @@ def duplication_robustness(clients: list[LabelledData], validation: LabelledData
 
 
 # ------------------------------------------------------------------------------------------ report
-def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
-    """Results regrouped by kind of job; per kind its tables, figures, nested runs and headline metrics."""
-    by_kind: dict[str, list[Any]] = {kind: [] for kind in KINDS}
-    for kind, result in zip(job_kinds(p), results, strict=True):
-        by_kind[kind].append(result)
-    return {"contributions": _contributions_report(p, by_kind["contributions"], out),
-            "outlier": _outlier_report(p, by_kind["outlier"][0], out),
-            "detection": _detection_report(by_kind["detection"], out),
-            "duplication": _duplication_report(p, by_kind["duplication"][0], out)} | (
-        {"privacy": _privacy_report(by_kind["privacy"], out)} if by_kind["privacy"] else {})
+def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """Per kind of job (the first element of its key) its tables, figures, nested runs and headline metrics."""
+    return {"contributions": _contributions_report(p, results.of("contributions"), out),
+            "outlier": _outlier_report(p, results["outlier"], out),
+            "detection": _detection_report(results.of("detection"), out),
+            "duplication": _duplication_report(p, results["duplication"], out)} | (
+        {"privacy": _privacy_report(results.of("privacy"), out)} if results.of("privacy") else {})
 
 
 def _contributions_report(p: Params, results: list[list[dict[str, Any]]], out: Report) -> dict[str, Any]:
@@ -773,7 +763,3 @@ STAGE = Stage("barycenter_valuation", BarycenterValuationParams, OUTPUTS, jobs, 
                         "duplication.dataset_original_max_abs_rel_change_fedbary_validation",  # table 3
                         "duplication.datum_most_harmful_rel_change_fedbary_validation",
                         "privacy.*_auc_eps_1"))  # DP FedBary: detection at ε = 1 (no DP: detection.*.fedbary.auc)
-
-if __name__ == "__main__":  # DVC: python -m stages.barycenter_valuation
-    from flows.stage import main
-    raise SystemExit(main(STAGE))

@@ -25,8 +25,10 @@ The test sets are read for scoring only — the experimenter's view, as in the p
 beside every score (:func:`otfed.distill.diagnostics.diagnostics`): the best constant's Semantic Distance, the SD
 skill, the expected label's mean and spread across true labels, its Spearman with the truth. The papers' relative
 claims are paired differences over the seeds with 95% CIs, marked "uninformative" when a student involved does
-not beat its best constant. One job per task scoring the undistilled global model, and one per (task, variant)
-training its students seed by seed.
+not beat its best constant. Per task one job holding its gate (``("gate", task)``: computed from the server's
+inputs when the jobs are built, since it decides whether the task gets students), one scoring the undistilled
+global model (``("global", task)``) and, when the gate lets it, one per variant training its students seed by seed
+(``("student", task, variant)``); the report reads them by these keys.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ from otfed.models import TextClassifier
 from otfed.models.text import META_FILE
 from otfed.schema import Strict
 from stages import layout
-from stages.stage import Job, Report, Stage
+from stages.stage import Job, Report, Results, Stage
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -254,8 +256,16 @@ def preflight(p: Params) -> None:
 
 
 # -------------------------------------------------------------------------------------------- gate
-def audit_gate(task: str, fed: TextFederation, ensemble: TeacherEnsemble, threshold: float
-               ) -> tuple[pd.DataFrame, str, str]:
+class Gate(NamedTuple):
+    """A task's gate (:func:`audit_gate`): every teacher on the audit slice (the rows of ``gate.csv``), the task's
+    verdict ("testable" or :data:`CANNOT_TEST`) and the reason (empty when testable)."""
+
+    table: pd.DataFrame
+    verdict: str
+    reason: str
+
+
+def audit_gate(task: str, fed: TextFederation, ensemble: TeacherEnsemble, threshold: float) -> Gate:
     """The gate on the audit slice (module docstring): per teacher — the locals and the global model, from their
     transfer-set predictions at the audit rows — the Spearman correlation of its expected label with the truth
     and its Semantic Distance against the best constant's (:func:`otfed.distill.diagnostics.teacher_gate`);
@@ -276,7 +286,14 @@ def audit_gate(task: str, fed: TextFederation, ensemble: TeacherEnsemble, thresh
     if not global_row.sd_skill > 0:
         reasons.append(f"the global model does not beat the best constant (Semantic Distance "
                        f"{global_row.semantic_distance:.3f} vs {global_row.sd_constant:.3f})")
-    return table, ("testable" if not reasons else CANNOT_TEST), "; ".join(reasons)
+    return Gate(table, "testable" if not reasons else CANNOT_TEST, "; ".join(reasons))
+
+
+def task_gate(gate: Gate) -> Gate:
+    """The job ``("gate", task)``: the task's gate, as :func:`jobs` computed it from the server's inputs (it decides
+    whether the task gets students) — a job of its own so that the report reads it from the results, like every
+    other result, and never reads the inputs again."""
+    return gate
 
 
 def transfer_split(n: int, audit_index: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -297,10 +314,11 @@ def rows_of(ensemble: TeacherEnsemble, index: np.ndarray) -> TeacherEnsemble:
 
 # -------------------------------------------------------------------------------------------- jobs
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
-    """Per task: the global model's reference scores, then — when the gate passes — one job per variant
-    training its students seed by seed. The server's inputs are the messages (``data/text_messages``, and
-    ``data/text_bias`` when a student needs B_k), its own global model and the transfer texts; the audit
-    labels and the test sets for the gate and scoring only."""
+    """Per task: its gate (:func:`audit_gate`, ``("gate", task)``), the global model's reference scores
+    (``("global", task)``), then — when the gate passes, or ``gate: false`` — one job per variant training its
+    students seed by seed (``("student", task, variant name)``). The server's inputs are the messages
+    (``data/text_messages``, and ``data/text_bias`` when a student needs B_k), its own global model and the
+    transfer texts; the audit labels and the test sets for the gate and scoring only."""
     d = p.distill
     device = stage_device(p.run.device)  # one torch thread per task on CPU
     out = []
@@ -309,16 +327,20 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
         semantic = LabelSpace.for_task(task)
         model_dir = str(global_dir(p, task))
         sets = evaluation_sets(fed)  # scoring only; the server never gets the clients' training splits
+        gate = audit_gate(task, fed, ensembles["gate"], d.gate_threshold)
+        out.append(Job(f"{task}/gate", task_gate, dict(gate=gate), key=("gate", task)))
         out.append(Job(f"{task}/global", global_reference, dict(
-            task=task, global_model_dir=model_dir, sets=sets, batch_size=d.eval_batch_size, device=device)))
-        if d.gate and audit_gate(task, fed, ensembles["gate"], d.gate_threshold)[1] != "testable":
+            task=task, global_model_dir=model_dir, sets=sets, batch_size=d.eval_batch_size, device=device),
+            key=("global", task)))
+        if d.gate and gate.verdict != "testable":
             continue
         split = transfer_split(len(fed.transfer_texts), fed.audit_index, d.holdout_fraction, p.run.seed)
         for v in variants(d):
             out.append(Job(f"{task}/{v.name}", distill_variant, dict(
                 task=task, variant=v, label_space=LabelSpace.one_hot(semantic) if v.one_hot else semantic,
                 global_model_dir=model_dir, transfer_texts=fed.transfer_texts, ensemble=ensembles[v.bias],
-                split=split, sets=sets, settings=d.settings, seeds=seeds(p), device=device)))
+                split=split, sets=sets, settings=d.settings, seeds=seeds(p), device=device),
+                key=("student", task, v.name)))
     return out
 
 
@@ -456,40 +478,35 @@ def comparisons(d: DistillParams, frame: pd.DataFrame, summary: pd.DataFrame) ->
     return mark_uninformative(table, summary)
 
 
-def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
-    """Per task: the gate (``gate.csv``: every teacher on the audit slice and the task's verdict), and for a
-    testable task ``table_<task>.csv`` (tables 2–4 with the diagnostics: mean ± 95% CI over the seeds), the first
-    seed's saved predictions, fig. 2's expected-label boxes and the expected label against the true label per
-    variant; ``results.csv`` (every student and seed), ``summary.csv``, ``claims.csv`` (every comparison of
-    :func:`comparisons`), ``history.csv`` (every epoch of every learning rate tried), the Sinkhorn-vs-Entropy and
-    claims figures; one nested run per (task, variant) with the means, the CIs and each seed's scores."""
+def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+    """Per task: the gate (``gate.csv``: every teacher on the audit slice and the task's verdict, from the result
+    ``("gate", task)``), and for a task with students (testable, or ``gate: false``) ``table_<task>.csv`` (tables
+    2–4 with the diagnostics: mean ± 95% CI over the seeds), the first seed's saved predictions, fig. 2's
+    expected-label boxes and the expected label against the true label per variant; ``results.csv`` (every
+    student and seed), ``summary.csv``, ``claims.csv`` (every comparison of :func:`comparisons`), ``history.csv``
+    (every epoch of every learning rate tried), the Sinkhorn-vs-Entropy and claims figures; one nested run per
+    (task, variant) with the means, the CIs and each seed's scores."""
     d = p.distill
-    names = [v.name for v in variants(d)]
     rows: list[dict[str, Any]] = []
     histories: list[dict[str, Any]] = []
-    gates, verdicts = [], {}
-    position = 0
+    gates, verdicts, trained = [], {}, []
     for task in p.train_teachers.tasks:
-        fed, _, ensembles = task_inputs(p, task)
-        gate, verdict, reason = audit_gate(task, fed, ensembles["gate"], d.gate_threshold)
-        gates.append(gate.assign(task_verdict=verdict, reason=reason))
-        verdicts[task] = verdict
-        base_rows, base_probs, labels = results[position]
-        position += 1
+        gate: Gate = results[("gate", task)]
+        gates.append(gate.table.assign(task_verdict=gate.verdict, reason=gate.reason))
+        verdicts[task] = gate.verdict
+        base_rows, base_probs, labels = results[("global", task)]
         rows.extend(dict(r, seed=p.run.seed) for r in base_rows)
         probabilities = {GLOBAL: base_probs}
-        has_students = verdict == "testable" or not d.gate
-        if has_students:
-            students = results[position:position + len(names)]
-            position += len(names)
-            for (variant_rows, probs, history), name in zip(students, names):
-                rows.extend(variant_rows)
-                histories.extend(history)
-                probabilities[name] = probs
+        students = results.by("student", task)  # variant name → its result; none where the gate stopped the task
+        for name, (variant_rows, probs, history) in students.items():
+            rows.extend(variant_rows)
+            histories.extend(history)
+            probabilities[name] = probs
         io.write_npz(out.out / f"predictions_{task}.npz",
                      **{f"{v}|{s}": pr for v, by_set in probabilities.items() for s, pr in by_set.items()},
                      **{f"labels|{s}": y for s, y in labels.items()})
-        if has_students:
+        if students:
+            trained.append(task)
             space = LabelSpace.for_task(task)
             out.figure(figs.expected_label_boxplots(probabilities, labels[ALL], space, ["Sinkhorn-E", "Entropy-E"]),
                        f"expected_label_{task}.png")
@@ -499,7 +516,6 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
     summary = seed_summary(frame)
     table = comparisons(d, frame, summary)
     table.insert(1, "gate", table.task.map(verdicts))
-    trained = [t for t in p.train_teachers.tasks if verdicts[t] == "testable" or not d.gate]
     for task in trained:
         out.table(figs.results_table(summary[summary.task == task]), f"table_{task}.csv")
     for task in trained:
@@ -554,7 +570,3 @@ STAGE = Stage("distill", DistillParams, OUTPUTS, jobs, report, check, reads=("tr
               headline=("*.testable", "*.Sinkhorn-E.semantic_distance", "*.Entropy-E.semantic_distance",
                         "*.global (no distillation).semantic_distance", "*.global (no distillation).sd_skill",
                         "*.claims_replicated", "*.claims_reversed"))  # gate, tables 2-4 and the claims, on ALL
-
-if __name__ == "__main__":  # DVC: python -m stages.distill
-    from flows.stage import main
-    raise SystemExit(main(STAGE))

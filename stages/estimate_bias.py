@@ -29,7 +29,7 @@ from otfed.models.text import META_FILE
 from otfed.models.tokenizer import vocabulary
 from otfed.schema import Strict
 from stages import layout
-from stages.stage import Job, Report, Stage
+from stages.stage import Job, Report, Results, Stage
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -104,7 +104,7 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
             out.append(Job(f"bias {task}/{party.name}", party_bias, dict(
                 task=task, party=party.name, model_dir=str(Path(layout.TEXT_MODELS) / task / party.name),
                 n_texts=eb.n_texts, text_length=eb.text_length, batch_size=eb.batch_size, seed=p.run.seed + i,
-                device=device)))
+                device=device), key=("bias", task, party.name)))
     return out
 
 
@@ -130,16 +130,16 @@ def party_bias(task: str, party: str, model_dir: str, n_texts: int, text_length:
 
 
 # ------------------------------------------------------------------------------------------ report
-def report(p: Params, results: list[tuple[dict[str, Any], dict[str, Any], list[Message]]], out: Report,
-           dirs: Mapping[str, Path]) -> dict[str, Any]:
+def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
     """The bias messages of both kinds (``data/text_bias/<task>.npz``), ``bias.csv`` (B_k, the argmax shares),
     ``bias_soft.csv`` (the ablation's mean probability rows, the same layout, and ``l2_to_hard`` = ‖soft − B_k‖₂)
-    and the figure of B_k; headline: each teacher's largest label share in B_k."""
+    and the figure of B_k; headline: each teacher's largest label share in B_k. Each result: :func:`party_bias`'s
+    (row, soft row, messages), under ``("bias", task, party)``."""
     rows: list[dict[str, Any]] = []
     soft_rows: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
     for task in p.train_teachers.tasks:
-        mine = [result for result in results if result[0]["task"] == task]
+        mine = results.of("bias", task)  # the task's teachers, in job order
         save_messages(dirs[layout.TEXT_BIAS] / f"{task}.npz", [m for *_, messages in mine for m in messages])
         rows.extend(r for r, _, _ in mine)
         soft_rows.extend(s for _, s, _ in mine)
@@ -153,7 +153,3 @@ def report(p: Params, results: list[tuple[dict[str, Any], dict[str, Any], list[M
 
 STAGE = Stage("estimate_bias", EstimateBiasParams, OUTPUTS, jobs, report, check, reads=("train_teachers.tasks",),
               preflight=preflight, inputs=inputs, headline=("*.*",))  # every teacher's largest label share in B_k
-
-if __name__ == "__main__":  # DVC: python -m stages.estimate_bias
-    from flows.stage import main
-    raise SystemExit(main(STAGE))

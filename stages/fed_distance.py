@@ -17,7 +17,11 @@
 One flat job list: every toy case, every convergence run, every OTDD pair and every clustering pair (one
 FedWaD session each, with its own per-pair seed), every coreset run, every privacy cell; then follow-up jobs
 (:func:`followups`), one per (federation, clustering, algorithm, seed) of clustered FL, built from the clusters the
-pairs give.
+pairs give. Each job's key names its kind first, then which one it is — ``("toy", d, ratio, n, repeat)``,
+``("convergence", d, S, interpolation, t)``, ``("otdd", a, b)``, ``("pair", federation, a, b)``, ``("coreset",
+federation, points, seed)``, ``("attack", pair index, repeat, …cell)``, ``("dp", pair index, repeat, S, t, ε)``,
+``("dp_fedbary", pair index, repeat, S, ε)``, ``("dp_clustering", ε)``, ``("clustered_fl", federation,
+clustering, algorithm, seed)`` — and the report reads each kind's results by it.
 Degenerate clients (no samples, NaN features, a class with one sample) are left out of the distances and
 listed in ``degenerate_clients.csv``.
 """
@@ -25,9 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal, Mapping, NamedTuple, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Union
 
 import numpy as np
 import pandas as pd
@@ -56,7 +59,7 @@ from otfed.privacy.dp import DPConfig, dp_federated_wasserstein, gaussian_epsilo
 from otfed.schema import InterpolationTime, PositiveInt, Strict
 from stages import layout
 from stages.params import named_federation, server_split_federation
-from stages.stage import Job, Report, Stage, committed_table, timed
+from stages.stage import Job, Report, Results, Stage, committed_table, timed
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -331,29 +334,35 @@ def convergence_runs(toy: ToyParams, seed: int) -> list[dict[str, Any]]:
     t)."""
     n = toy.convergence_n
     sweep = [(s, "approx", None) for s in sorted(set(toy.sweep_supports)) if s < n and s != 10]
+    settings = dict.fromkeys([(10, "approx", None), (n, "approx", None), (n, "approx", 0.5), (n, "exact", None),
+                              *sweep])  # each once: S = 10 is S = n when convergence_n is 10
     return [dict(dim=d, n=n, support=s, iterations=toy.iterations, interpolation=i, t=t, seed=seed)
-            for d in toy.dims for (s, i, t) in [(10, "approx", None), (n, "approx", None), (n, "approx", 0.5),
-                                                (n, "exact", None), *sweep]]
+            for d in toy.dims for (s, i, t) in settings]
 
 
 def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
-    """Toy cases, convergence runs, OTDD pairs (self-pairs included), then every clustering pair."""
+    """Toy cases, convergence runs, OTDD pairs (self-pairs included), every clustering pair, the coreset runs,
+    then the privacy cells (:func:`privacy_jobs`); keys in the module docstring."""
     fd, seed = p.fed_distance, p.run.seed
-    out = [Job(f"toy d={kw['dim']} ratio={kw['ratio']} n={kw['n']} repeat={kw['repeat']}", toy_case, kw)
+    out = [Job(f"toy d={kw['dim']} ratio={kw['ratio']} n={kw['n']} repeat={kw['repeat']}", toy_case, kw,
+               key=("toy", kw["dim"], kw["ratio"], kw["n"], kw["repeat"]))
            for kw in toy_cases(fd.toy, seed)]
-    out += [Job(f"convergence d={kw['dim']} {kw['interpolation']} S={kw['support']} "
-                f"t={'random' if kw['t'] is None else kw['t']}", toy_convergence, kw)
-            for kw in convergence_runs(fd.toy, seed)]
+    for kw in convergence_runs(fd.toy, seed):
+        t = "random" if kw["t"] is None else kw["t"]
+        out.append(Job(f"convergence d={kw['dim']} {kw['interpolation']} S={kw['support']} t={t}", toy_convergence,
+                       kw, key=("convergence", kw["dim"], kw["support"], kw["interpolation"], t)))
     otdd = roster(fd.otdd.federation, fd.otdd.diagonal)
-    out += [Job(f"otdd {kw['a'].name}|{kw['b'].name}", otdd_pair, kw)
+    out += [Job(f"otdd {kw['a'].name}|{kw['b'].name}", otdd_pair, kw, key=("otdd", kw["a"].name, kw["b"].name))
             for kw in pairwise_sessions(otdd.clients, fd.otdd.fedwad, seed, fd.otdd.diagonal,
                                            include_diagonal=fd.otdd.self_pairs)]
     cfg = fd.clustering
     for name in cfg.federations:
         clients = roster(name, cfg.diagonal).clients
-        out += [Job(f"clustering {name} {kw['a'].name}|{kw['b'].name}", federated_otdd, kw)
+        out += [Job(f"clustering {name} {kw['a'].name}|{kw['b'].name}", federated_otdd, kw,
+                    key=("pair", name, kw["a"].name, kw["b"].name))
                 for kw in pairwise_sessions(clients, cfg.fedwad, seed, cfg.diagonal)]
-    out += [Job(f"coresets {kw['federation']} K={kw['config'].points} seed {kw['seed']}", coreset_classification, kw)
+    out += [Job(f"coresets {kw['federation']} K={kw['config'].points} seed {kw['seed']}", coreset_classification, kw,
+                key=("coreset", kw["federation"], kw["config"].points, kw["seed"]))
             for kw in coreset_runs(p)]
     out += privacy_jobs(p)
     return out
@@ -491,21 +500,6 @@ def privacy_dp_fedbary_cells(dp: PrivacyDPParams) -> list[dict[str, Any]]:
         if dp.fedbary else []
 
 
-def privacy_counts(p: Params) -> tuple[int, int, int, int]:
-    """How many attack, DP FedWaD, DP FedBary and DP-clustering jobs :func:`privacy_jobs` makes (from the params
-    alone)."""
-    cfg = p.fed_distance.privacy
-    if cfg is None:
-        return 0, 0, 0, 0
-    runs = len(cfg.pairs) * cfg.seeds
-    if cfg.dp is None:
-        return runs * len(privacy_attack_cells(cfg)), 0, 0, 0
-    clustering = len(dict.fromkeys(cfg.dp.epsilons)) if cfg.dp.clustering_clients else 0
-    dp_runs = len(cfg.pairs) * cfg.dp.seeds
-    return (runs * len(privacy_attack_cells(cfg)), dp_runs * len(privacy_dp_cells(cfg.dp)),
-            dp_runs * len(privacy_dp_fedbary_cells(cfg.dp)), clustering)
-
-
 def privacy_seed(seed: int, target: int, partner: int, repeat: int) -> int:
     """The protocol seed of a (target, partner, repeat), shared by every grid cell (the cells differ in their
     setting only) — independent of the order jobs run in (as :func:`~otfed.federation.otdd.pair_seed`)."""
@@ -525,9 +519,10 @@ def _privacy_pair(data: PrivacyData, i: int, pair: list[int]) -> tuple[LabelledD
 
 
 def privacy_jobs(p: Params) -> list[Job]:
-    """Per (pair, seed) one :func:`privacy_attack` per attack cell, then per (pair, seed) one :func:`privacy_dp`
-    per DP cell, then per (pair, seed) one :func:`privacy_dp_fedbary` per DP FedBary cell, then one
-    :func:`privacy_dp_clustering` per ε (:func:`privacy_counts`)."""
+    """Per (pair, seed) one :func:`privacy_attack` per attack cell (key ``("attack", i, r, …the cell's values)``
+    for ``pairs[i]`` and seed r), then per (pair, seed) one :func:`privacy_dp` per DP cell (``("dp", i, r, S, t,
+    ε)``), then per (pair, seed) one :func:`privacy_dp_fedbary` per DP FedBary cell (``("dp_fedbary", i, r, S,
+    ε)``), then one :func:`privacy_dp_clustering` per ε (``("dp_clustering", ε)``)."""
     cfg, seed = p.fed_distance.privacy, p.run.seed
     if cfg is None:
         return []
@@ -546,7 +541,8 @@ def privacy_jobs(p: Params) -> list[Job]:
                     federation=cfg.federation, target=target, partner=partner, non_members=held,
                     protocol=c["protocol"], interpolation=c["interpolation"], support=c["support"], t=c["t"],
                     iterations=c["iterations"], per_round_distances=c["per_round_distances"], validation=validation,
-                    threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r)))
+                    threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r),
+                    key=("attack", i, r, *c.values())))
     dp = cfg.dp
     if dp is None:
         return out
@@ -559,7 +555,8 @@ def privacy_jobs(p: Params) -> list[Job]:
                                    federation=cfg.federation, target=target, partner=partner, non_members=held,
                                    support=c["support"], t=c["t"], iterations=dp.iterations, epsilon=c["epsilon"],
                                    delta=dp.delta, clip_radius=data.clip_radius, accountant=dp.accountant,
-                                   threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r)))
+                                   threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r),
+                               key=("dp", i, r, c["support"], c["t"], c["epsilon"])))
     if dp.fedbary:
         radius = float(np.quantile(np.linalg.norm(augmented_measure(data.validation, diagonal=True).support, axis=1),
                                    dp.clip_quantile))
@@ -573,7 +570,8 @@ def privacy_jobs(p: Params) -> list[Job]:
                                        validation=data.validation, support=c["support"], iterations=dp.iterations,
                                        epsilon=c["epsilon"], delta=dp.delta, clip_radius=radius,
                                        accountant=dp.accountant, threshold=cfg.threshold,
-                                       seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r)))
+                                       seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r),
+                                   key=("dp_fedbary", i, r, c["support"], c["epsilon"])))
     if dp.clustering_clients:
         chosen = data.usable[:dp.clustering_clients]
         clients = [data.clients[k] for k in chosen]
@@ -582,7 +580,7 @@ def privacy_jobs(p: Params) -> list[Job]:
             out.append(Job(f"privacy dp clustering eps={e:g} ({len(clients)} clients)", privacy_dp_clustering, dict(
                 federation=cfg.federation, clients=clients, groups=groups, epsilon=e, delta=dp.delta,
                 clip_radius=data.clip_radius, config=p.fed_distance.clustering.fedwad, accountant=dp.accountant,
-                seed=seed)))
+                seed=seed), key=("dp_clustering", e)))
     return out
 
 
@@ -777,38 +775,18 @@ def clustering_names(cfg: ClusteringParams) -> list[str]:
     return ["global", "planted", "affinity"] + [f"knn{k}" for k in cfg.neighbors]
 
 
-class Sessions(NamedTuple):
-    """The first jobs' results regrouped: toy rows, convergence rows, OTDD pairs, and per clustering
-    federation its name, roster and pair results; coreset rows; the privacy attack rows, DP FedWaD rows, DP
-    FedBary rows and DP clustering results; ``rest`` = the follow-up results."""
-
-    toy: list[dict[str, Any]]
-    convergence: list[dict[str, Any]]
-    otdd: tuple[Roster, list[dict[str, Any]]]
-    clustering: list[tuple[str, Roster, list[FedWaDResult]]]
-    coresets: list[dict[str, Any]]
-    privacy: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
-    rest: list[Any]
+def clustering_sessions(p: Params, results: Results) -> list[tuple[str, Roster, list[FedWaDResult]]]:
+    """Per clustering federation: its name, its roster (:func:`roster`: read again from ``data/partitions``, the
+    file its jobs read — the client names, planted groups and held-out splits) and the federated OTDD results of
+    its client pairs (``("pair", federation, a, b)``, in :func:`~otfed.federation.otdd.client_pairs` order)."""
+    fd = p.fed_distance
+    return [(name, roster(name, fd.clustering.diagonal), results.of("pair", name))
+            for name in fd.clustering.federations]
 
 
-def sessions(p: Params, results: list[Any]) -> Sessions:
-    """:func:`jobs`' results (in job order) regrouped; each federation's roster read again from
-    ``data/partitions``, the files the jobs read."""
-    fd, seed = p.fed_distance, p.run.seed
-    remaining = iter(results)
-    toy_rows = [row for rows in islice(remaining, len(toy_cases(fd.toy, seed))) for row in rows]
-    conv_rows = [row for rows in islice(remaining, len(convergence_runs(fd.toy, seed))) for row in rows]
-    otdd = roster(fd.otdd.federation, fd.otdd.diagonal)
-    otdd_results = _take(remaining, len(otdd.clients), include_diagonal=fd.otdd.self_pairs)
-    rosters = []
-    for name in fd.clustering.federations:
-        r = roster(name, fd.clustering.diagonal)
-        rosters.append((name, r, _take(remaining, len(r.clients), include_diagonal=False)))
-    coreset_rows = [row for rows in islice(remaining, len(coreset_cells(p))) for row in rows]
-    n_attack, n_dp, n_dp_fedbary, n_clustering = privacy_counts(p)
-    privacy = (list(islice(remaining, n_attack)), list(islice(remaining, n_dp)), list(islice(remaining, n_dp_fedbary)),
-               list(islice(remaining, n_clustering)))
-    return Sessions(toy_rows, conv_rows, (otdd, otdd_results), rosters, coreset_rows, privacy, list(remaining))
+def rows_of(results: Results, kind: str) -> list[dict[str, Any]]:
+    """The table rows of every job of ``kind`` (each returns a list of rows), in job order."""
+    return [row for rows in results.of(kind) for row in rows]
 
 
 def cluster_labels(cfg: ClusteringParams, r: Roster, distances: np.ndarray,
@@ -819,17 +797,18 @@ def cluster_labels(cfg: ClusteringParams, r: Roster, distances: np.ndarray,
     return clustering_scores(distances, r.groups, max(n_clusters, 2), cfg.neighbors, seed)
 
 
-def followups(p: Params, results: list[Any]) -> list[Job]:
-    """Clustered FL: one job per (clustering federation, clustering, algorithm, seed), with the clusters
-    spectral clustering finds on the federated OTDDs of the first jobs (the server's only input: the
-    distance matrix) — or one global cluster, or the planted groups."""
+def followups(p: Params, results: Results) -> list[Job]:
+    """Clustered FL: one job per (clustering federation, clustering, algorithm, seed) (key ``("clustered_fl",
+    federation, clustering, algorithm, seed)``), with the clusters spectral clustering finds on the federated
+    OTDDs of the first jobs (the server's only input: the distance matrix) — or one global cluster, or the
+    planted groups."""
     fd, seed = p.fed_distance, p.run.seed
     fl = fd.clustered_fl
     if fl is None:
         return []
     device = stage_device(p.run.device)
     out = []
-    for name, r, pair_results in sessions(p, results).clustering:
+    for name, r, pair_results in clustering_sessions(p, results):
         _, labels = cluster_labels(fd.clustering, r, matrix_and_ledger(len(r.clients), pair_results)[0], seed)
         sets = {"global": np.zeros(len(r.clients), dtype=np.int64), "planted": np.asarray(r.groups)} | labels
         data = [((c.x, c.y), held) for c, held in zip(r.clients, r.held_out)]
@@ -840,7 +819,8 @@ def followups(p: Params, results: list[Any]) -> list[Job]:
                     out.append(Job(f"clustered-fl {name} {clustering} {algorithm} seed {s}", clustered_fl, dict(
                         federation=name, clustering=clustering, algorithm=algorithm,
                         names=[c.name for c in r.clients], groups=np.asarray(r.groups), clients=data,
-                        clusters=sets[clustering], config=fl.fl, n_classes=n_classes, seed=s, device=device)))
+                        clusters=sets[clustering], config=fl.fl, n_classes=n_classes, seed=s, device=device),
+                        key=("clustered_fl", name, clustering, algorithm, s)))
     return out
 
 
@@ -872,36 +852,33 @@ def clustering_scores(distances: np.ndarray, groups: np.ndarray, n_clusters: int
 
 
 # ------------------------------------------------------------------------------------------ report
-def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
     """Toy tables and figures, OTDD pairs and heatmaps, clustering matrices and ARIs, the communication
     ledger and the degenerate clients; nested runs per toy method × support, for OTDD and per federation.
 
-    The results come in job order; each federation's roster (client names, planted groups, degenerate
-    clients) is read again from ``data/partitions``, the files the jobs read.
+    Each kind of result is read by its key (module docstring); each federation's roster (client names, planted
+    groups, degenerate clients) is read again from ``data/partitions``, the files the jobs read.
     """
     fd, seed = p.fed_distance, p.run.seed
-    parts = sessions(p, results)
-    metrics: dict[str, Any] = {"toy": toy_metrics(pd.DataFrame(parts.toy), pd.DataFrame(parts.convergence), out)}
-    otdd, otdd_results = parts.otdd
-    metrics["otdd"] = otdd_metrics(fd.otdd, otdd, otdd_results, out)
-    degenerate = list(otdd.degenerate) + [row for _, r, _ in parts.clustering for row in r.degenerate]
-    metrics["clustering"] = clustering_metrics(fd.clustering, parts.clustering, seed, out)
-    fl_rows = pd.DataFrame([row for rows in parts.rest for row in rows])
+    metrics: dict[str, Any] = {"toy": toy_metrics(pd.DataFrame(rows_of(results, "toy")),
+                                                  pd.DataFrame(rows_of(results, "convergence")), out)}
+    otdd = roster(fd.otdd.federation, fd.otdd.diagonal)
+    metrics["otdd"] = otdd_metrics(fd.otdd, otdd, results.of("otdd"), out)
+    clustering = clustering_sessions(p, results)
+    degenerate = list(otdd.degenerate) + [row for _, r, _ in clustering for row in r.degenerate]
+    metrics["clustering"] = clustering_metrics(fd.clustering, clustering, seed, out)
+    fl_rows = pd.DataFrame(rows_of(results, "clustered_fl"))
     fl_summary = clustered_fl_summary(fl_rows) if len(fl_rows) else None
     if fd.clustered_fl is not None:
         metrics["clustered_fl"] = clustered_fl_metrics(fl_rows, fl_summary, out)
     if fd.coresets is not None:
-        metrics["coresets"] = coreset_metrics(parts.coresets, fl_summary, out)
+        metrics["coresets"] = coreset_metrics(rows_of(results, "coreset"), fl_summary, out)
     if fd.privacy is not None:
-        metrics["privacy"] = privacy_metrics(p, *parts.privacy, out)
+        metrics["privacy"] = privacy_metrics(p, results.of("attack"), results.of("dp"), results.of("dp_fedbary"),
+                                             results.of("dp_clustering"), out)
     out.table(pd.DataFrame(degenerate, columns=["federation", "client", "reason"]), "degenerate_clients.csv")
     metrics["degenerate_clients"] = len(degenerate)
     return metrics
-
-
-def _take(results: Iterator[Any], n_clients: int, include_diagonal: bool) -> list[Any]:
-    """The next results: one per client pair of ``n_clients`` (:func:`client_pairs` order)."""
-    return list(islice(results, len(client_pairs(n_clients, include_diagonal))))
 
 
 def toy_metrics(rows: pd.DataFrame, conv: pd.DataFrame, out: Report) -> dict[str, Any]:
@@ -1405,7 +1382,3 @@ STAGE = Stage("fed_distance", FedDistanceParams, OUTPUTS, jobs, report, check, p
                         "privacy.fedwad_recovered_paper_defences_S_n",  # FedWaD §3: random t, distance at the end
                         "privacy.dp_rel_error_at_baseline"),  # DP FedWaD: error where the attack stops working
               followups=followups)
-
-if __name__ == "__main__":  # DVC: python -m stages.fed_distance
-    from flows.stage import main
-    raise SystemExit(main(STAGE))

@@ -28,7 +28,7 @@ from otfed.valuation.calibrated import budget_removal, flag_noisy, flagged_remov
 from otfed.valuation.detection import detection_auc
 from stages import layout
 from stages.params import server_split_federation
-from stages.stage import Job, Report, Stage
+from stages.stage import Job, Report, Results, Stage
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -98,7 +98,8 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
             out.append(Job(f"noisy-removal {name} seed {s}", removal_experiment, dict(
                 name=name, clients=client_sets(fed), noisy=[fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)],
                 validation=validation, test=test, config=nr.fedbary, fedavg=nr.fedavg,
-                max_remove_fraction=nr.max_remove_fraction, budgets=nr.budgets, seed=s, device=device)))
+                max_remove_fraction=nr.max_remove_fraction, budgets=nr.budgets, seed=s, device=device),
+                key=("removal", name, s)))
     return out
 
 
@@ -213,14 +214,15 @@ def seed_summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def report(p: Params, results: list[Removal], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
     """Table 4 per seed (``removal.csv``) and over seeds (``removal_summary.csv``: mean ± 95% CI), per-client
     rows, every budget's validation and test accuracy, the before/after figure; one nested run per
-    federation."""
-    table = pd.DataFrame([r.summary for r in results])
+    federation. Each result: a :class:`Removal`, under ``("removal", federation, seed)``."""
+    removals: list[Removal] = results.of("removal")  # every (federation, seed), in job order
+    table = pd.DataFrame([r.summary for r in removals])
     out.table(table, "removal.csv")
-    out.table(pd.DataFrame([c for r in results for c in r.clients]), "removal_clients.csv")
-    budgets = pd.DataFrame([b for r in results for b in r.budgets])
+    out.table(pd.DataFrame([c for r in removals for c in r.clients]), "removal_clients.csv")
+    budgets = pd.DataFrame([b for r in removals for b in r.budgets])
     out.table(budgets, "removal_budgets.csv")
     summary = seed_summary(table)
     out.table(summary, "removal_summary.csv")
@@ -238,7 +240,3 @@ STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check,
               headline=("*.accuracy_before", "*.accuracy_flagged", "*.accuracy_budget",  # table 4
                         "*.accuracy_oracle_removal", "*.gain_budget", "*.gain_budget_ci95", "*.auc",
                         "*.removed_budget", "*.removed_budget_noisy"))
-
-if __name__ == "__main__":  # DVC: python -m stages.noisy_removal
-    from flows.stage import main
-    raise SystemExit(main(STAGE))

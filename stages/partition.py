@@ -24,7 +24,7 @@ from otfed.data.text.raw import RAW_FILES, SOURCES, read_columns
 from otfed.figures.partition import class_histograms
 from otfed.schema import Strict
 from stages import layout
-from stages.stage import Job, Report, Stage
+from stages.stage import Job, Report, Results, Stage
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -118,11 +118,13 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     """One job per federation, then one per text task, each writing into the staged output folders."""
     part, seed = p.partition, p.run.seed
     out = [Job(f"federation {name}", federation_job,
-               dict(name=name, spec=spec, data_dir=part.data_dir, seed=seed, out_dir=str(dirs[layout.PARTITIONS])))
+               dict(name=name, spec=spec, data_dir=part.data_dir, seed=seed, out_dir=str(dirs[layout.PARTITIONS])),
+               key=("federation", name))
            for name, spec in part.federations.items()]
     if part.text is not None:
         out += [Job(f"text {task}", text_task_job,
-                    dict(spec=spec, data_dir=part.data_dir, seed=seed, out_dir=str(dirs[layout.TEXT_PARTITIONS])))
+                    dict(spec=spec, data_dir=part.data_dir, seed=seed, out_dir=str(dirs[layout.TEXT_PARTITIONS])),
+                    key=("text", task))
                 for task, spec in part.text.tasks.items()]
     return out
 
@@ -142,12 +144,11 @@ def text_task_job(spec: TextTaskSpec, data_dir: str, seed: int, out_dir: str) ->
 
 
 # ------------------------------------------------------------------------------------------ report
-def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
     """``manifest.json``, the per-client table, the class-histogram figure, the text parties table (each
     track's only when it is configured; ``manifest.json`` always, empty without federations)."""
-    n_federations = len(p.partition.federations)
     manifest = {}
-    for entry in results[:n_federations]:
+    for entry in results.of("federation"):
         entry = dict(entry)
         manifest[entry.pop("federation")] = entry
     io.write_json(manifest, dirs[layout.PARTITIONS] / "manifest.json")
@@ -160,7 +161,7 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
         out.table(table, "clients.csv")
         out.figure(class_histograms(manifest), "class_histograms.png")
         summary.update(rows=int(table.n_train.sum() + table.n_val.sum()), corrupted=int(table.n_corrupted.sum()))
-    text_results = results[n_federations:]
+    text_results = results.of("text")
     if text_results:
         text_table = pd.concat(text_results, ignore_index=True)
         text_table = text_table[["task", *[c for c in text_table.columns if c != "task"]]]
@@ -173,7 +174,3 @@ def report(p: Params, results: list[Any], out: Report, dirs: Mapping[str, Path])
 
 STAGE = Stage("partition", PartitionParams, OUTPUTS, jobs, report, required=True, preflight=preflight,
               inputs=inputs, headline=("federations", "clients", "rows", "corrupted", "text_tasks", "text_rows"))
-
-if __name__ == "__main__":  # DVC: python -m stages.partition
-    from flows.stage import main
-    raise SystemExit(main(STAGE))

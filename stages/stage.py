@@ -6,22 +6,59 @@ A stage module in ``stages/`` holds, in this order:
 1. its **params type** — a :class:`~otfed.schema.Strict` model, validated from the ``params.yaml`` group
    named after the stage (built from the library's own config types: no mirrors, no adapters);
 2. :func:`jobs` — the list of independent units of work (:class:`Job`: one pure task function + its
-   arguments), built from the validated params;
+   arguments + its **key**), built from the validated params. A key says which result a job gives: a tuple
+   whose first element is the kind of job and whose others say which one (``("pair", federation, a, b)``,
+   ``("student", task, variant)``), or a string for a job of its own kind (``"outlier"``); unique among the
+   stage's jobs and follow-ups (the runner stops the stage before any job runs otherwise, naming the key);
 3. one **pure task function per kind of job** — arrays / paths in, table rows and arrays out; no MLflow,
    no Prefect, no global state (files only under the staged output folders it is handed);
    Where some work needs the results of the first jobs (FL within the clusters that the pairwise distances
    give), ``followups(p, results)`` returns a second list of jobs, fanned out the same way after the first;
-4. :func:`report` — turns the job results (in job order) into tables, figures, nested variant runs and
-   the headline metrics (returned; the runner writes ``metrics.json``); ``check(p)`` beside them when the
-   group names things in other groups (a federation, a task), raising ValueError naming the key. Wall times
-   go into the tables as columns (:func:`timed`) and into figures through :meth:`Report.timing_figure`: the
-   runner keeps them out of the committed reports folder (:func:`committed_table`) and logs them to MLflow;
-5. ``STAGE`` — the :class:`Stage` record tying these together, and the ``__main__`` entry point that DVC
-   calls (``python -m stages.<name>``), which hands the stage to the runner.
+4. :func:`report` — turns the job results into tables, figures, nested variant runs and the headline metrics
+   (returned; the runner writes ``metrics.json``). It reads them by key (:class:`Results`, a read-only mapping in
+   job order): ``results[("gate", task)]``, ``results.of("pair", federation)`` (every pair of one federation, in
+   job order), ``results.by("student", task)`` (variant → result) — never by counting positions, and never by
+   reading the inputs again for something a job already computed (pass it through a job instead, as
+   ``distill``'s gate). ``check(p)`` beside them when the group names things in other groups (a federation, a
+   task), raising ValueError naming the key. Wall times go into the tables as columns (:func:`timed`) and into
+   figures through :meth:`Report.timing_figure`: the runner keeps them out of the committed reports folder
+   (:func:`committed_table`) and logs them to MLflow;
+5. ``STAGE`` — the :class:`Stage` record tying these together. There is no ``__main__``: DVC runs every stage
+   through the one entry point, the runner ``python -m flows.stage <name>``, which finds ``STAGE`` by name
+   (:func:`stages.params.stages`).
 
 The runner (``flows/stage.py``) validates params once, stages every output folder atomically, fans the
-jobs out with the configured task runner, opens the MLflow run and hands :func:`report` a
-:class:`Report`. Stages never import Prefect or MLflow; the library (``otfed/``) never imports stages.
+jobs out with the configured task runner, opens the MLflow run and hands :func:`report` the :class:`Results`
+and a :class:`Report`. Stages never import ``flows``, Prefect or MLflow (``tests/architecture``); the library
+(``otfed/``) never imports stages.
+
+**Adding a stage** ``<name>`` — 9 files, 2 of them new, every item checked for every stage by
+``tests/architecture/test_stage_contract.py`` (which names each missing item and the file to edit); there is no
+registry: ``stages/params.py`` finds the module's ``STAGE``.
+
+1. ``stages/<name>.py`` (new) — the shape above: ``OUTPUTS``, the params type, :func:`jobs` with a ``key=`` on
+   every :class:`Job`, the task functions, :func:`report` reading :class:`Results` by key, ``inputs`` (the files
+   it reads) and ``STAGE = Stage("<name>", …, headline=(…))`` — a few headline metric patterns, never empty;
+2. ``stages/layout.py`` — its output folders: ``reports("<folder>")`` and any data folder;
+3. ``params.yaml`` — its group ``<name>:`` (commented like the others), valid for the stage;
+4. ``params-paper.yaml`` — its group at the papers' scale;
+5. ``dvc.yaml`` — its block: ``cmd: python -m flows.stage <name>``, the data deps (every input of ``inputs`` under
+   one), the code deps printed by ``python -m tests.architecture.import_graph <name>``, ``params`` (``run.seed``,
+   ``run.device``, ``<name>`` and its ``reads``), ``outs`` = ``OUTPUTS`` with ``persist: true``; and its
+   ``reports/<folder>/metrics.json`` under ``metrics:``, its figures under ``plots:``;
+6. ``flows/paper_numbers.py`` — an item of the results page naming the stage (``"stage": "<name>"``; a table it
+   shows needs a view in ``flows/results.py``: one file more);
+7. ``tests/stages/conftest.py`` — the stage in a tiny track, ``FEATURE_TRACK`` (its tiny params in
+   ``feature_params``) or ``TEXT_TRACK`` (in ``text_params``, ``tests/stages/test_text_stages.py``), whose outputs
+   the stage tests check byte for byte on a rerun;
+8. ``tests/stages/test_preflight.py`` — the stage in ``STAGES`` and its group in ``preflight_params()``: the
+   positive control of the preflight (valid tiny inputs pass) and the place for its bad-input cases;
+9. ``tests/stages/test_<name>_stage.py`` (new; or the track's module) — its outputs against independent truths,
+   its module docstring naming the stage in double backquotes (as this docstring writes ``distill``).
+
+Not checked there: ``docs/running.md``'s table of stages and the counts its tests check (10 files with it).
+Generated, then committed, never edited by hand: ``reports/<folder>/`` and ``dvc.lock`` (``dvc repro <name>``),
+``reports/index.html`` (``python -m flows.results``).
 """
 from __future__ import annotations
 
@@ -33,7 +70,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import pandas as pd
 
@@ -43,14 +80,105 @@ from otfed.schema import Strict
 
 @dataclass(frozen=True)
 class Job:
-    """One unit of fan-out work: ``fn(**kwargs)``. ``name`` labels its task run and progress line."""
+    """One unit of fan-out work: ``fn(**kwargs)``. ``name`` labels its task run and progress line; ``key`` is
+    what :func:`report` and ``followups`` find its result under (:class:`Results`): a hashable unique among the
+    stage's jobs and follow-ups — a tuple whose first element is the kind of job and whose others say which one,
+    ``("pair", "pairs_strong", "client_03", "client_07")``, or a plain string (``"outlier"``). Without one the
+    key is the name."""
 
     name: str
     fn: Callable[..., Any]
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    key: Hashable = None
+
+    def __post_init__(self) -> None:
+        if self.key is None:
+            object.__setattr__(self, "key", self.name)
+        hash(self.key)  # TypeError now, not when the results are gathered
 
     def __call__(self) -> Any:
         return self.fn(**self.kwargs)
+
+
+def check_keys(stage: str, jobs: Iterable[Job], earlier: Iterable[Job] = ()) -> None:
+    """ValueError naming the stage, the key and both jobs unless every job of ``jobs`` has a key of its own —
+    among them and among the ``earlier`` jobs (the first list, when ``jobs`` are its follow-ups)."""
+    seen: dict[Hashable, Job] = {}
+    for job in (*earlier, *jobs):
+        if job.key in seen:
+            raise ValueError(f"stage {stage}: two jobs have the key {job.key!r} ({seen[job.key].name!r} and "
+                             f"{job.name!r}); every job of a stage, its follow-ups included, needs a key of its own "
+                             "(Job(..., key=...)) — the report finds each result by it")
+        seen[job.key] = job
+
+
+def _key_parts(key: Hashable) -> tuple[Any, ...]:
+    return key if isinstance(key, tuple) else (key,)
+
+
+class Results(Mapping[Hashable, Any]):
+    """The results of a stage's jobs, read-only: ``results[key]`` is the result of the job with that
+    :attr:`Job.key`; iteration (keys, :meth:`values`, :meth:`items`) is in job order — the first jobs, then
+    their follow-ups. :meth:`of` selects by the leading elements of tuple keys (``results.of("pair", fed)``:
+    every pair of one federation, in job order), :meth:`by` does the same keyed by the rest of each key.
+
+    Built by the runner from the jobs and their results in job order (:meth:`of_jobs`); a key given twice is a
+    ValueError naming it and the stage."""
+
+    def __init__(self, items: Iterable[tuple[Hashable, Any]] = (), stage: str = "stage") -> None:
+        self.stage = stage
+        self._results: dict[Hashable, Any] = {}
+        for key, value in items:
+            if key in self._results:
+                raise ValueError(f"stage {stage}: two results have the key {key!r}; a job's key is unique")
+            self._results[key] = value
+
+    @classmethod
+    def of_jobs(cls, jobs: Sequence[Job], values: Sequence[Any], stage: str = "stage") -> "Results":
+        """The results ``values`` of ``jobs`` (in job order, one each), by key (:func:`check_keys`)."""
+        check_keys(stage, jobs)
+        if len(values) != len(jobs):
+            raise ValueError(f"stage {stage}: {len(values)} results for {len(jobs)} jobs")
+        return cls(((job.key, value) for job, value in zip(jobs, values)), stage)
+
+    def __getitem__(self, key: Hashable) -> Any:
+        try:
+            return self._results[key]
+        except KeyError:
+            kinds = ", ".join(dict.fromkeys(repr(_key_parts(k)[0]) for k in self._results)) or "none"
+            raise KeyError(f"stage {self.stage}: no job has the key {key!r} (kinds of key: {kinds})") from None
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._results)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def __add__(self, other: "Results") -> "Results":
+        """These results, then ``other``'s (follow-ups after the first jobs); a key in both is a ValueError."""
+        return Results([*self.items(), *other.items()], self.stage)
+
+    def __repr__(self) -> str:
+        return f"Results(stage={self.stage!r}, keys={list(self._results)!r})"
+
+    def of(self, *prefix: Any) -> list[Any]:
+        """The results whose key starts with ``prefix``, in job order: a tuple key whose first ``len(prefix)``
+        elements are ``prefix`` (a key that is not a tuple counts as the tuple of itself): ``of("toy")`` every
+        toy case, ``of("pair", "pairs_strong")`` every client pair of that federation, ``of()`` all."""
+        n = len(prefix)
+        return [value for key, value in self._results.items() if _key_parts(key)[:n] == prefix]
+
+    def by(self, *prefix: Any) -> dict[Any, Any]:
+        """:meth:`of` as a dict, keyed by the rest of each key — its one remaining element, or the tuple of the
+        remaining ones: ``by("student", "sa")`` → ``{variant name: result}``, in job order."""
+        n = len(prefix)
+        out: dict[Any, Any] = {}
+        for key, value in self._results.items():
+            parts = _key_parts(key)
+            if parts[:n] == prefix:
+                rest = parts[n:]
+                out[rest[0] if len(rest) == 1 else rest] = value
+        return out
 
 
 def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
@@ -98,11 +226,11 @@ class Report(Variant, Protocol):
 
 # (validated Params, {output folder → its staging folder}) → the jobs
 JobsFn = Callable[[Any, Mapping[str, Path]], list[Job]]
-# (validated Params, job results in job order, report, {output folder → staging folder}) → headline metrics
-ReportFn = Callable[[Any, list[Any], Report, Mapping[str, Path]], dict[str, Any]]
+# (validated Params, the job results by key, report, {output folder → staging folder}) → all the metrics
+ReportFn = Callable[[Any, Results, Report, Mapping[str, Path]], dict[str, Any]]
 # validated Params → None, or ValueError naming the key (cross-group references, checked before any work)
 CheckFn = Callable[[Any], None]
-FollowupsFn = Callable[[Any, list[Any]], list[Job]]  # (params, the first jobs' results) -> more jobs
+FollowupsFn = Callable[[Any, Results], list[Job]]  # (params, the first jobs' results by key) -> more jobs
 InputsFn = Callable[[Any], Iterable[str | Path]]  # validated Params → the files / folders the stage reads
 
 
@@ -121,8 +249,8 @@ class Stage:
     few metrics ``dvc metrics show`` shows (:func:`headline_metrics`); the full dict goes to MLflow.
     ``preflight(p)`` checks the stage's input files cheaply (exist, readable, the right shape) before the
     runner starts any server, raising :class:`~otfed.errors.OtfedError` naming the file. ``followups(p,
-    results)``: jobs built from the results of :attr:`jobs` (fanned out after them; :attr:`report` gets
-    the results of both lists, in job order, the first list first). ``inputs(p)`` are the files and folders
+    results)``: jobs built from the :class:`Results` of :attr:`jobs` (fanned out after them, their keys unique
+    among both lists; :attr:`report` gets the results of both, in job order, the first list first). ``inputs(p)`` are the files and folders
     it reads (raw files, the outputs of earlier stages, checkpoints): :func:`check_workspace` checks they
     exist and are readable, and that its output folders can be written, before :attr:`preflight` runs.
     """

@@ -27,7 +27,7 @@ from otfed.metrics import macro_f1, score_name, task_score
 from otfed.models import EPOCH_KEYS, ModelSpec, TrainingConfig, build_classifier, train_classifier
 from otfed.schema import Strict
 from stages import layout
-from stages.stage import Job, Report, Stage
+from stages.stage import Job, Report, Results, Stage
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -104,15 +104,15 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
     for task in tt.tasks:
         fed = text_partition(p, task)
         for party in fed.parties:
-            key = f"{task}.{party.name}"
+            override = f"{task}.{party.name}"  # its key in party_models / party_training
             out.append(Job(f"{task}/{party.name}", train_party, dict(
-                task=task, party=party, model=tt.party_models.get(key, tt.model),
-                training=tt.party_training.get(key, tt.training), transfer_texts=fed.transfer_texts,
+                task=task, party=party, model=tt.party_models.get(override, tt.model),
+                training=tt.party_training.get(override, tt.training), transfer_texts=fed.transfer_texts,
                 label_names=fed.label_names,
                 vocabulary_texts=(fed.transfer_texts if party.role == "global" and tt.global_vocabulary ==
                                   "own+transfer" else ()),
                 out_dir=str(models / task / party.name), seed=seed, device=device,
-                predict_batch_size=tt.predict_batch_size)))
+                predict_batch_size=tt.predict_batch_size), key=("teacher", task, party.name)))
     return out
 
 
@@ -151,16 +151,16 @@ def train_party(task: str, party: TextParty, model: ModelSpec, training: Trainin
 
 
 # ------------------------------------------------------------------------------------------ report
-def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]], list[Message]]], out: Report,
-           dirs: Mapping[str, Path]) -> dict[str, Any]:
+def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
     """Table 1 (``teachers.csv``), the training history and curves, the message files and their ledger
-    (``communication.csv``); one nested run per (task, party) with its per-epoch metrics."""
+    (``communication.csv``); one nested run per (task, party) with its per-epoch metrics. Each result:
+    :func:`train_party`'s (row, history, messages), under ``("teacher", task, party)``."""
     channel = Channel(session="knot")
     rows: list[dict[str, Any]] = []
     histories: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
     for task in p.train_teachers.tasks:
-        mine = [r for r in results if r[0]["task"] == task]
+        mine = results.of("teacher", task)  # the task's parties, in job order
         task_messages = []
         for row, history, msgs in mine:
             rows.append(row)
@@ -187,7 +187,3 @@ def report(p: Params, results: list[tuple[dict[str, Any], list[dict[str, Any]], 
 
 STAGE = Stage("train_teachers", TrainTeachersParams, OUTPUTS, jobs, report, check, preflight=preflight,
               inputs=inputs, headline=("*.*",))  # table 1: every teacher's test score (macro-F1; NLI accuracy)
-
-if __name__ == "__main__":  # DVC: python -m stages.train_teachers
-    from flows.stage import main
-    raise SystemExit(main(STAGE))

@@ -61,7 +61,7 @@ def mlflow_uri(migrated_mlflow_db: Path, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` need CUDA: skipped where torch sees no GPU (CPU CI); ``bench/gpu_check.sh`` runs them."""
+    """Tests marked ``gpu`` need CUDA: skipped where torch sees no GPU (CPU CI); ``gpu/gpu_check.sh`` runs them."""
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")

@@ -147,20 +147,22 @@ def test_python_m_stages_params_validates_every_group(tmp_path: Path, capsys: py
                                        "device, max_workers, seed, task_runner\n")
 
 
-def test_every_key_the_readme_overrides_exists_in_the_shipped_params() -> None:
-    """``dvc exp run -S key=value`` fails on a key that params.yaml lacks: each one the README shows must be
-    there (the Dask command once named run.dask_address, which the file did not have)."""
+def test_every_key_the_docs_override_exists_in_the_shipped_params() -> None:
+    """``dvc exp run -S key=value`` fails on a key that params.yaml lacks: each one the README or the docs show must
+    be there (the Dask command once named run.dask_address, which the file did not have)."""
     import re
 
     import yaml
 
     shipped = yaml.safe_load((REPO / "params.yaml").read_text())
-    keys = set(re.findall(r"-S ([a-z_]+(?:\.[a-z_]+)+)=", (REPO / "README.md").read_text()))
-    assert len(keys) >= 4
-    for key in sorted(keys):
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    keys = {(key, page.relative_to(REPO)) for page in pages
+            for key in re.findall(r"-S ([a-z_]+(?:\.[a-z_]+)+)=", page.read_text(encoding="utf-8"))}
+    assert len({key for key, _ in keys}) >= 4
+    for key, page in sorted(keys):
         node = shipped
         for part in key.split("."):
-            assert isinstance(node, dict) and part in node, f"README overrides {key}; params.yaml has no {part!r}"
+            assert isinstance(node, dict) and part in node, f"{page} overrides {key}; params.yaml has no {part!r}"
             node = node[part]
 
 

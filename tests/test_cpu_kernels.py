@@ -80,7 +80,8 @@ def test_native_leaves_every_library_its_own_choice() -> None:
 
 
 def test_the_stage_packages_hold_the_kernels_before_their_modules_load() -> None:
-    """What `python -m stages.<name>` and the `otfed` command import first: held before numpy and torch."""
+    """What the runner `python -m flows.stage <name>`, the `otfed` command and a stage module import first (flows,
+    stages): held before numpy and torch."""
     for package in ("stages.params", "flows.stage"):
         found = _fresh_python(f"import json, os, {package}; print(json.dumps(os.environ.get('OTFED_CPU_KERNELS')))")
         assert found == "portable"

@@ -9,6 +9,7 @@ import yaml
 
 from stages import layout
 from stages.params import load_params
+from tests.architecture.import_graph import stage_command
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,6 +27,6 @@ def test_fed_distance_depends_on_the_federations_it_reads() -> None:
 def test_every_stage_has_a_module_and_reads_its_params_group() -> None:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
-        assert stage["cmd"] == f"python -m stages.{name}"
+        assert stage["cmd"] == stage_command(name)  # the one entry point, the runner: python -m flows.stage <name>
         assert (REPO / "stages" / f"{name}.py").is_file()
         assert {"run.seed", "run.device", name} <= set(stage["params"])

@@ -1,21 +1,22 @@
-"""The README's numbers are the committed reports' numbers (issue #21, item 6: "README true by construction").
+"""The README's and the docs' numbers are the committed reports' numbers (issue #21, item 6: "README true by
+construction"; issue #23 moved the measured numbers from the README into the docs pages of :data:`PAGES`).
 
-Every number the README quotes from ``reports/`` (stage tables, ``metrics.json``, ``dvc.yaml``'s metrics and plots,
-``reports/bench/``) is listed below as a :class:`Quote`: a README passage with each quoted number written as a
-placeholder, and a function that reads the value(s) from the committed report *at test time* — so a regenerated
-report with different numbers fails here until the README says the new ones. The README value is compared at the
-README's own rounding: ``0.61`` matches a report value in [0.605, 0.615].
+Every number the README or a page of :data:`PAGES` quotes from ``reports/`` (stage tables, ``metrics.json``,
+``dvc.yaml``'s metrics and plots, ``reports/bench/``) is listed below as a :class:`Quote`: a passage with each quoted
+number written as a placeholder, and a function that reads the value(s) from the committed report *at test time* —
+so a regenerated report with different numbers fails here until the page says the new ones. The page's value is
+compared at the page's own rounding: ``0.61`` matches a report value in [0.605, 0.615].
 
-Placeholders in a passage (whitespace and line breaks in the README do not matter):
+Placeholders in a passage (whitespace and line breaks in the page do not matter):
 
-* ``{}``   a number that must equal the report's value at the README's rounding;
+* ``{}``   a number that must equal the report's value at the page's rounding;
 * ``{<=}`` a number that bounds the report's value from above ("≤ 4e-16"), ``{>=}`` from below ("R² ≥ 0.989");
 * ``{=}``  a word that must equal the report's (a verdict, a count in words).
 
-A failure names the README line, the report file, the README's value and the report's value. A passage that is
-no longer in the README fails too: reword the README and the quote here together. Not checked here, as no report
-holds them: wall-clock timings measured by hand in a session (``took 4m59s``), earlier runs' numbers, the papers'
-own numbers and goals, and parameters the README names (``S = 10``) where no report records them.
+A failure names the page and line, the report file, the page's value and the report's value. A passage that is in
+none of the pages fails too: reword the page and the quote here together. Not checked here, as no report holds
+them: wall-clock timings measured by hand in a session (``took 4m59s``), earlier runs' numbers, the papers' own
+numbers and goals, and parameters a page names (``S = 10``) where no report records them.
 
 ``python -m tests.test_readme`` prints every quoted number with its report value.
 """
@@ -35,6 +36,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 README = "README.md"
+#: the pages whose quoted numbers are checked, in order: a quote's passage is looked for in each page
+PAGES = ("README.md", "docs/running.md", "docs/scaling.md", "docs/results.md", "docs/benchmarks.md",
+         "docs/contributing.md")
 
 # a number as the README writes it: 2,000 · −0.73 · +26.8 · 5.4e-4 (a Unicode minus is a minus)
 NUMBER = r"[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[+\-−]?\d+)?"
@@ -156,23 +160,43 @@ class Quote:
 
 
 class Text:
-    """The README with its whitespace runs collapsed to one space, and the line each character came from."""
+    """Pages (the README and the docs of :data:`PAGES`) with their whitespace runs collapsed to one space, one after
+    the other, and the page and line each character came from. No passage can run from one page into the next."""
 
-    def __init__(self, raw: str) -> None:
-        self.raw = raw
+    def __init__(self, raw: str, name: str = README, more: Sequence[tuple[str, str]] = ()) -> None:
         pieces: list[str] = []
         self.starts: list[int] = []  # offset in the flat text where each raw line starts
+        self.lines: list[tuple[str, int, str]] = []  # (page, line number, the raw line) of each raw line
         flat_len = 0
-        for line in raw.split("\n"):
-            self.starts.append(flat_len)
-            words = line.split()
-            piece = " ".join(words) + " " if words else ""
-            pieces.append(piece)
-            flat_len += len(piece)
+        for page, (page_name, page_raw) in enumerate([(name, raw), *more]):
+            if page:  # a separator no passage contains
+                pieces.append("\u2029 ")
+                flat_len += 2
+            for number, line in enumerate(page_raw.split("\n"), start=1):
+                self.starts.append(flat_len)
+                self.lines.append((page_name, number, line))
+                words = line.split()
+                piece = " ".join(words) + " " if words else ""
+                pieces.append(piece)
+                flat_len += len(piece)
         self.flat = "".join(pieces)
 
-    def line(self, offset: int) -> int:
-        return bisect.bisect_right(self.starts, offset)
+    @classmethod
+    def pages(cls, root: Path = REPO, names: Sequence[str] = PAGES) -> "Text":
+        texts = [(name, (root / name).read_text(encoding="utf-8")) for name in names]
+        return cls(texts[0][1], texts[0][0], texts[1:])
+
+    def _line(self, offset: int) -> tuple[str, int, str]:
+        return self.lines[bisect.bisect_right(self.starts, offset) - 1]
+
+    def where(self, offset: int) -> str:
+        """``page:line`` of the character at ``offset`` of the flat text."""
+        page, number, _ = self._line(offset)
+        return f"{page}:{number}"
+
+    def context(self, offset: int) -> str:
+        """The raw line the character at ``offset`` came from."""
+        return self._line(offset)[2]
 
 
 def digits(readme: str) -> tuple[str, int, int]:
@@ -220,23 +244,22 @@ def compare(quote: Quote, text: Text, values: Sequence[float | str]) -> list[str
     """Where ``text`` does not say ``values``: one line per wrong number (README line, report, both values)."""
     matches = list(quote.pattern().finditer(text.flat))
     if not matches:
-        return [f"{README}: passage of quote {quote.name!r} (tests/test_readme.py) not found — reworded? then "
-                f"update the quote too: {quote.passage!r}"]
+        return [f"{', '.join(PAGES)}: passage of quote {quote.name!r} (tests/test_readme.py) not found — reworded? "
+                f"then update the quote too: {quote.passage!r}"]
     found = []
     for match in matches:
         for group, (kind, value) in enumerate(zip(quote.slots(), values), start=1):
             readme = match.group(group)
             if agrees(kind, readme, value):
                 continue
-            line = text.line(match.start(group))
             if kind == "=":
                 report = repr(value)
             else:
                 report = f"{float(value):.6g} (at the README's rounding: {rounded(float(value), readme)})"
             relation = {"": "", "<=": " as an upper bound", ">=": " as a lower bound", "=": ""}[kind]
-            context = text.raw.splitlines()[line - 1].strip()
+            context = text.context(match.start(group)).strip()
             context = context if len(context) <= 100 else context[:97] + "..."
-            found.append(f"{README}:{line}: says {readme}{relation} where {quote.source} gives {report} "
+            found.append(f"{text.where(match.start(group))}: says {readme}{relation} where {quote.source} gives {report} "
                          f"(quote {quote.name!r}; line: {context!r})")
     return found
 
@@ -439,20 +462,20 @@ def n_clients(r: Reports, federation: str) -> int:
     return int((r.csv(CLIENTS)["federation"] == federation).sum())
 
 
-FEATURES = "reports/bench/fedbary_features.csv"
+FEATURES = "reports/studies/fedbary_features.csv"
 WIDE = "reports/valuation/contributions_wide.csv"
 AGREEMENT = "reports/valuation/method_agreement.csv"
 OUTLIER = "reports/valuation/outlier_distances.csv"
 DETECTION = "reports/valuation/detection.csv"
 DUPLICATION = "reports/valuation/duplication.csv"
 REMOVAL = "reports/removal/removal_summary.csv"
-SWEEP = "reports/bench/removal_sweep.md"
-SWEEP_CSV = "reports/bench/removal_sweep.csv"
+SWEEP = "reports/studies/removal_sweep.md"
+SWEEP_CSV = "reports/studies/removal_sweep.csv"
 SPEED = "reports/bench/fedwad_speed.csv"
 SCALING = "reports/bench/fedbary_scaling_blas1.csv"
 SCALING_FIT = "reports/bench/fedbary_scaling_blas1_fit.csv"
-USERS = "reports/bench/coreset_users.md"
-USERS_CSV = "reports/bench/coreset_users.csv"
+USERS = "reports/studies/coreset_users.md"
+USERS_CSV = "reports/studies/coreset_users.csv"
 
 
 def shares(r: Reports, cases: Sequence[str], column: str = "fedbary_validation") -> pd.Series:
@@ -581,7 +604,7 @@ quote("claims: duplication", "≤ {<=} relative change of the exact W and FedBar
       lambda r: [duplication(r)["change"], duplication(r)["fewest"], duplication(r)["most"]])
 quote("claims: removal", "g > 0: {} ± {} → {} ± {} (label); validation-chosen budget {} ± {} / {} ± {} pts; even the "
       "oracle gains only {} ± {} / {} ± {} pts, because {}% noise costs this model < {<=} point "
-      "(`python -m bench.removal_sweep`, {} seeds: at {}–{}% noise it costs {}–{} pts, the oracle wins it back, "
+      "(`python -m studies.removal_sweep`, {} seeds: at {}–{}% noise it costs {}–{} pts, the oracle wins it back, "
       "FedBary's budget rule does not: {} to {})", f"{REMOVAL}, {SWEEP}, {SWEEP_CSV}",
       lambda r: [*removal(r, "fmnist_label_noise", "accuracy_before"),
                  *removal(r, "fmnist_label_noise", "accuracy_flagged"),
@@ -877,8 +900,8 @@ def users_csv(r: Reports) -> pd.DataFrame:
     return r.csv(USERS_CSV)
 
 
-quote("more users setting", "**More users** (`python -m bench.coreset_users`, {} min; "
-      "`reports/bench/coreset_users.{md,png}`): the same comparison with the {} MNIST training rows spread over "
+quote("more users setting", "**More users** (`python -m studies.coreset_users`, {} min; "
+      "`reports/studies/coreset_users.{md,png}`): the same comparison with the {} MNIST training rows spread over "
       "{}, {} and {} clients ({} / {} / {} samples per client, two classes each, the stage's settings; seeds {}–{}",
       USERS_CSV,
       lambda r: [r.md_number(USERS, r"— ([\d.]+) min on"), one_value(users_csv(r)["rows_used"].tolist(), "rows"),
@@ -1082,7 +1105,7 @@ def sweep_flagged(r: Reports) -> list[float]:
             at_small["auc"].iloc[0], at_small["auc"].iloc[-1]]
 
 
-quote("removal sweep", "(`python -m bench.removal_sweep`, `reports/bench/removal_sweep.md`, {} seeds, paired): the "
+quote("removal sweep", "(`python -m studies.removal_sweep`, `reports/studies/removal_sweep.md`, {} seeds, paired): the "
       "cost (clean − noisy) grows with the noise level — label noise on {} / {} / {}% of {} samples costs "
       "{} ± {} / {} ± {} / {} ± {} points, feature noise {} ± {} / {} ± {} / {} ± {} — and at the paper's {} samples "
       "with {}% noise nothing measurable ({} ± {} label, {} ± {} feature; clean accuracy {}% at {} and {}% at {}: "
@@ -1343,11 +1366,11 @@ def shapley_measured(r: Reports) -> list[float]:
     return [v for _, row in measured.iterrows() for v in (row["shapley_seconds"], row["clients"])]
 
 
-quote("coresets vs users", "**Coresets vs users** (`python -m bench.coreset_users`, `reports/bench/coreset_users.md`, "
+quote("coresets vs users", "**Coresets vs users** (`python -m studies.coreset_users`, `reports/studies/coreset_users.md`, "
       "{} min): FedWaD fig. 5 / 12 at {}, {} and {} clients on a fixed pool of {} MNIST rows", USERS_CSV,
       lambda r: [r.md_number(USERS, r"— ([\d.]+) min on"), *sorted(users_csv(r)["n_clients"].unique()),
                  one_value(users_csv(r)["rows_used"].tolist(), "rows")])
-quote("noise vs removal", "**Noise vs removal** (`python -m bench.removal_sweep`, `reports/bench/removal_sweep.md`, "
+quote("noise vs removal", "**Noise vs removal** (`python -m studies.removal_sweep`, `reports/studies/removal_sweep.md`, "
       "{} min): FedBary table 4 over noise levels ({} / {} / {}%, label and feature) and sizes ({} and the paper's "
       "{} samples), {} paired seeds", f"{SWEEP}, {SWEEP_CSV}",
       lambda r: [r.md_number(SWEEP, r"— ([\d.]+) min on"), *sweep_levels(r, sweep_sizes(r)[0]),
@@ -1440,7 +1463,7 @@ quote("distill loss", "The loss alone for {} × {} teachers × {} labels (one th
 
 @pytest.fixture(scope="module")
 def readme() -> Text:
-    return Text((REPO / README).read_text())
+    return Text.pages()
 
 
 @pytest.fixture(scope="module")
@@ -1472,7 +1495,7 @@ def test_every_quoted_number_is_checked(readme: Text, reports: Reports) -> None:
     for quote in QUOTES:
         values = read_values(quote, reports)
         match = quote.pattern().search(readme.flat)
-        assert match is not None, f"quote {quote.name!r}: passage not in the README"
+        assert match is not None, f"quote {quote.name!r}: passage not in {', '.join(PAGES)}"
         for group, kind in enumerate(quote.slots(), start=1):
             if kind in ("<=", ">="):
                 continue
@@ -1524,9 +1547,9 @@ def listing(text: Text, reports: Reports) -> Iterator[str]:
         for group, (kind, value) in enumerate(zip(quote.slots(), values), start=1):
             said = match.group(group)
             shown = value if isinstance(value, str) else f"{float(value):.6g}"
-            yield (f"{'ok  ' if agrees(kind, said, value) else 'FAIL'} {README}:{text.line(match.start(group))} "
+            yield (f"{'ok  ' if agrees(kind, said, value) else 'FAIL'} {text.where(match.start(group))} "
                    f"{said} {kind or '~'} {shown}  [{quote.name}; {quote.source}]")
 
 
 if __name__ == "__main__":
-    print("\n".join(listing(Text((REPO / README).read_text()), Reports(REPO))))
+    print("\n".join(listing(Text.pages(), Reports(REPO))))

@@ -8,6 +8,8 @@ out wrong, so this extension rewrites them in every docstring before rendering (
   where it is not (``optional``: an unresolved target is not a warning, so ``mkdocs build --strict`` passes);
 * simple tables (rows between ``=====  ====`` borders) become Markdown tables;
 * doctest blocks (``>>>`` lines and their output) become ``pycon`` code blocks instead of nested quotes;
+* ``Parameters:`` / ``Returns:`` / ``Raises:`` sections (an indented block of ``name: description`` entries under
+  the heading) become a bold heading and a list, ``name`` as code, instead of preformatted text;
 * indented blocks that are not list continuations (Algorithm 1's steps, an equation set off by indentation)
   become preformatted text instead of being run into the preceding paragraph.
 
@@ -26,6 +28,8 @@ TITLED = re.compile(r"^(?P<title>.+?)\s*<(?P<target>[^<>]+)>$")  # :func:`title 
 BORDER = re.compile(r"^\s*=+(?:\s+=+)+\s*$")
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s")
 FENCE = "```"
+SECTIONS = {"Parameters:", "Returns:", "Raises:", "Yields:", "Attributes:", "Other Parameters:"}
+ENTRY = re.compile(r"^(?P<names>[*\w]+(?:\s*,\s*[*\w]+)*)(?:\s*\([^()]*\))?:\s+(?P<text>.*)$")  # x_mu, x_nu: text
 
 
 class RstToMarkdown(griffe.Extension):
@@ -62,6 +66,14 @@ def rst_to_markdown(text: str, obj: griffe.Object | None = None) -> str:
         if BORDER.match(line):
             table, i = _table(lines, i, obj)
             out.extend(_separated(table, out))
+            continue
+        if line.strip() in SECTIONS and not _indented(line) and i + 1 < len(lines) and _indented(lines[i + 1]):
+            j = i + 1
+            while j < len(lines) and (_indented(lines[j]) or (not lines[j].strip() and j + 1 < len(lines)
+                                                                and _indented(lines[j + 1]))):
+                j += 1
+            out.extend(_separated(_section(line.strip()[:-1], lines[i + 1:j], obj), out))
+            i = j
             continue
         if _indented(line) and not _in_list(out) and not line.lstrip().startswith("- "):
             j = i
@@ -101,6 +113,29 @@ def _separated(block: list[str], out: list[str]) -> list[str]:
 
 def _block(language: str, body: list[str], out: list[str]) -> list[str]:
     return _separated([FENCE + language, *body, FENCE], out)
+
+
+def _section(title: str, body: list[str], obj: griffe.Object | None) -> list[str]:
+    """A ``Parameters:``-style section: its entries (lines at the block's own indent start one, deeper lines
+    continue it) as a Markdown list under a bold heading; ``name: text`` entries show ``name`` as code. A
+    ``Returns:`` / ``Yields:`` section is one paragraph."""
+    if title in ("Returns", "Yields"):  # one description, however its lines wrap
+        return [f"**{title}**", "", _roles(" ".join(line.strip() for line in body if line.strip()), obj)]
+    indent = min(len(l) - len(l.lstrip()) for l in body if l.strip())
+    entries: list[str] = []
+    for line in body:
+        if not line.strip():
+            continue
+        if len(line) - len(line.lstrip()) == indent or not entries:
+            entries.append(line.strip())
+        else:
+            entries[-1] += " " + line.strip()
+    items = []
+    for entry in entries:
+        match = ENTRY.match(entry)
+        text = f"`{match['names']}`: {match['text']}" if match else entry
+        items.append("- " + _roles(text, obj))
+    return [f"**{title}**", "", *items]
 
 
 def _table(lines: list[str], start: int, obj: griffe.Object | None) -> tuple[list[str], int]:

@@ -34,6 +34,23 @@ def random_texts(
     joined by single spaces (KNOT appendix D.1; the papers use 100,000 texts of 200 tokens).
 
     ``rng`` is a numpy Generator or a seed; the same seed gives the same texts.
+
+    Parameters:
+        vocab: the tokens to draw from (the papers: the tokenizer's whole vocabulary).
+        n_texts: how many texts (:data:`PAPER_N_TEXTS` in the papers).
+        length: tokens per text (:data:`PAPER_TEXT_LENGTH` in the papers).
+        rng: a numpy Generator or a seed.
+
+    Returns:
+        A list of ``n_texts`` strings — the noise distribution N of the bias b_l = E_{x∼N}[h(x) = l] (§5.2).
+
+    Raises ValueError for an empty ``vocab``, ``n_texts`` < 0 or ``length`` < 1.
+
+    >>> texts = random_texts(["good", "bad", "plot"], 3, 4, rng=0)
+    >>> [len(t.split(" ")) for t in texts], texts == random_texts(["good", "bad", "plot"], 3, 4, rng=0)
+    ([4, 4, 4], True)
+    >>> {w for t in texts for w in t.split(" ")} <= {"good", "bad", "plot"}
+    True
     """
     tokens = np.asarray(list(vocab), dtype=object)
     if tokens.size == 0:
@@ -128,6 +145,30 @@ def probability_bias(
     CPU) that sums to 1 — plain frequencies, without the +1 smoothing of the authors' code. Shows a tqdm
     progress bar per batch unless ``progress=False``. Counts are kept where the predictions are (a GPU tensor
     from :meth:`otfed.models.TextClassifier.predict_proba_tensor` is never read back per batch) and read once.
+
+    Parameters:
+        predict_proba: the teacher, a list of texts → (batch × C) probabilities or logits (numpy or torch).
+        texts: the noise texts (:func:`random_texts`).
+        batch_size: texts per ``predict_proba`` call.
+        n_labels: C; default the width of the first batch's output.
+        progress: show a tqdm progress bar.
+        description: the progress bar's label.
+
+    Returns:
+        B, a float64 CPU tensor of length C summing to 1: the argmax frequency of every label.
+
+    Raises ValueError for no texts, a ``batch_size`` < 1, or a ``predict_proba`` output of the wrong shape.
+
+    A stand-in teacher that reads only its text's first token (label 3 after "good", else label 1): its bias
+    is the share of noise texts that start with "good" on label 3, the rest on label 1.
+
+    >>> texts = random_texts(["good", "bad", "plot", "the"], 200, 5, rng=0)
+    >>> def predict_proba(batch):
+    ...     return np.array([[0.0, 0.1, 0.9] if t.startswith("good ") else [0.6, 0.3, 0.1] for t in batch])
+    >>> bias = probability_bias(predict_proba, texts, batch_size=64, progress=False)
+    >>> share = sum(t.startswith("good ") for t in texts) / len(texts)
+    >>> bool(torch.allclose(bias, torch.tensor([1 - share, 0.0, share], dtype=torch.float64)))
+    True
     """
     hard, _ = _biases(predict_proba, texts, batch_size, n_labels, progress, description, soft=False)
     return hard
@@ -148,7 +189,30 @@ def probability_biases(
     renormalised); accumulated where the predictions are and read back once.
 
     Arguments as :func:`probability_bias`, but ``predict_proba`` must return probabilities: every row finite,
-    non-negative and summing to 1 within ``ROW_SUM_TOLERANCE`` (ValueError otherwise, e.g. for logits)."""
+    non-negative and summing to 1 within ``ROW_SUM_TOLERANCE`` (ValueError otherwise, e.g. for logits).
+
+    Parameters:
+        predict_proba: the teacher, a list of texts → (batch × C) probabilities (numpy or torch).
+        texts, batch_size, n_labels, progress, description: as in :func:`probability_bias`.
+
+    Returns:
+        (hard, soft): two float64 CPU tensors of length C, each summing to 1 — the argmax frequencies (the
+        papers' B) and the mean probability row (the ablation).
+
+    The teacher of :func:`probability_bias`'s example: its soft bias is the share-weighted mean of its two rows.
+
+    >>> texts = random_texts(["good", "bad", "plot", "the"], 200, 5, rng=0)
+    >>> rows = {True: [0.0, 0.1, 0.9], False: [0.6, 0.3, 0.1]}
+    >>> def predict_proba(batch):
+    ...     return np.array([rows[t.startswith("good ")] for t in batch])
+    >>> hard, soft = probability_biases(predict_proba, texts, batch_size=64, progress=False)
+    >>> share = sum(t.startswith("good ") for t in texts) / len(texts)
+    >>> expected = share * np.array(rows[True]) + (1 - share) * np.array(rows[False])
+    >>> bool(np.allclose(soft.numpy(), expected)), round(float(soft.sum()), 12)
+    (True, 1.0)
+    >>> bool(torch.equal(hard, probability_bias(predict_proba, texts, progress=False)))  # hard: the papers' B
+    True
+    """
     hard, soft = _biases(predict_proba, texts, batch_size, n_labels, progress, description, soft=True)
     assert soft is not None
     return hard, soft

@@ -150,6 +150,33 @@ def best_constant(labels, label_space) -> tuple[float, np.ndarray]:
     Vardi–Zhang step at data points, each data point first tested for optimality) sped up by Newton steps,
     to within 1e-10 × the diameter of the present coordinates in SD.
     Labels with equal coordinates are one point of summed weight. Returns (f(m*), m*), m* of length D.
+
+    Parameters:
+        labels: the evaluated set's N true labels, integer indices 0..C−1 (only which labels are present counts).
+        label_space: a :class:`otfed.label_space.LabelSpace` or a C×D array of label coordinates.
+
+    Returns:
+        (f(m*), m*): the best constant's Semantic Distance (a float, the floor a model must beat) and its
+        expected label, a float64 array of length D.
+
+    Raises ValueError for empty labels, labels outside 0..C−1 or bad coordinates.
+
+    SA's ratings 1..5 on a line, ratings 1, 2 and 5 present: the median 2, at SD (1 + 0 + 3) / 3:
+
+    >>> from otfed.label_space import LabelSpace
+    >>> value, m = best_constant([0, 0, 1, 4], LabelSpace.for_task("sa"))
+    >>> round(value, 12), m.tolist()
+    (1.333333333333, [2.0])
+
+    ERC's five emotions in the valence–arousal plane, against brute force over a 0.005 grid of the labels' box:
+
+    >>> erc = LabelSpace.for_task("erc")
+    >>> value, m = best_constant([0, 1, 2, 3, 4], erc)
+    >>> axis = np.linspace(-1, 1, 401)
+    >>> grid = np.stack(np.meshgrid(axis, axis), -1).reshape(-1, 1, 2)
+    >>> brute = np.linalg.norm(grid - erc.coordinates.double().numpy(), axis=-1).mean(1).min()
+    >>> bool(0 <= brute - value < 1e-3)
+    True
     """
     coords = _coordinates(label_space)
     y = _labels(labels, coords.shape[0])
@@ -267,6 +294,32 @@ def teacher_gate(probs_by_teacher: Mapping[str, np.ndarray], labels, label_space
     Columns: ``teacher``, ``n`` (samples), ``informativeness``, ``semantic_distance``, ``sd_constant``,
     ``sd_skill`` (see :func:`diagnostics`) and ``passes`` = informativeness ≥ ``threshold`` (NaN fails).
     Every teacher is scored on the same ``labels``. Returns a pandas DataFrame in the mapping's order.
+
+    Parameters:
+        probs_by_teacher: teacher name → its N×C predicted probabilities on the evaluated texts (numpy or torch).
+        labels: the N true labels, integer indices 0..C−1, the same for every teacher.
+        label_space: a :class:`otfed.label_space.LabelSpace` or a C×D array of label coordinates.
+        threshold: the informativeness (Spearman's ρ, :func:`informativeness`) a teacher needs to pass.
+
+    Returns:
+        A pandas DataFrame, one row per teacher in the mapping's order, with the columns above.
+
+    Raises ValueError for no teachers, a non-finite ``threshold``, or a teacher whose inputs are unusable
+    (naming the teacher).
+
+    Two teachers on SA's ratings 1..5. One leans towards the true rating y: its expected rating 0.6·y + 1.2
+    increases with y (Spearman 1), and its SD, 0.4 × the label-wise mean |3 − y| = 0.48, has skill
+    1 − 0.48 / 1.2 = 0.6 against the best constant's 1.2 (the median rating 3). The other predicts one
+    histogram whatever the text, whose expected rating is that best constant: skill 0, no rank information,
+    so it fails.
+
+    >>> from otfed.label_space import LabelSpace
+    >>> labels = np.array([0, 1, 2, 3, 4, 0, 4])
+    >>> reads = 0.6 * np.eye(5)[labels] + 0.4 / 5
+    >>> constant = np.tile([0.1, 0.2, 0.4, 0.2, 0.1], (7, 1))
+    >>> table = teacher_gate({"reads": reads, "constant": constant}, labels, LabelSpace.for_task("sa"))
+    >>> table.round(6)[["teacher", "informativeness", "semantic_distance", "sd_skill", "passes"]].values.tolist()
+    [['reads', 1.0, 0.48, 0.6, True], ['constant', nan, 1.2, 0.0, False]]
     """
     if not probs_by_teacher:
         raise ValueError("no teachers to gate: probs_by_teacher is empty")

@@ -41,6 +41,21 @@ REDUCTIONS = ("mean", "none")
 def teacher_stack(local_probs: Sequence[torch.Tensor], global_probs: torch.Tensor | None = None) -> torch.Tensor:
     """B×K×C teacher predictions: the local teachers' B×C predictions in order, then — for learning
     without forgetting (KNOT §6) — the frozen pretrained global model's predictions as the last teacher.
+
+    Parameters:
+        local_probs: the K local teachers' predictions h_k(x) on the same B transfer samples, each B×C.
+        global_probs: the frozen global model's B×C predictions, stacked last; None: the local teachers only.
+
+    Returns:
+        The B×K×C (K + 1 with ``global_probs``) tensor that :func:`ensemble_loss` takes as ``teacher_probs``.
+
+    Raises ValueError when there is nothing to stack or the predictions are not all B×C of one shape.
+
+    >>> local = [torch.full((4, 3), 1 / 3), torch.eye(3)[[0, 1, 2, 0]]]
+    >>> frozen = torch.eye(3)[[2, 2, 2, 2]]
+    >>> stack = teacher_stack(local, frozen)
+    >>> tuple(stack.shape), bool(torch.equal(stack[:, 1], local[1])), bool(torch.equal(stack[:, -1], frozen))
+    ((4, 3, 3), True, True)
     """
     members = list(local_probs) + ([] if global_probs is None else [global_probs])
     if not members:
@@ -57,6 +72,24 @@ def kl_histogram_loss(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     Terms with q_l = 0 are 0; p is floored at the dtype's smallest normal number, so a student
     probability that underflowed to 0 gives a large finite loss instead of inf/NaN.
+
+    Parameters:
+        p: the student's B×C probabilities h_θ(x).
+        q: the teachers' B×K×C probabilities h_k(x), or B×C for one teacher.
+
+    Returns:
+        KL(q || p) in nats, B×K (B for q B×C); 0 where a teacher's histogram equals the student's.
+
+    Raises ValueError when the shapes do not match. Against SciPy's ``entropy(q, p)``:
+
+    >>> from scipy.stats import entropy
+    >>> p = torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64)
+    >>> q = torch.tensor([[[0.2, 0.5, 0.3], [0.0, 0.4, 0.6]]], dtype=torch.float64)
+    >>> kl = kl_histogram_loss(p, q)
+    >>> tuple(kl.shape), float(kl[0, 0])
+    ((1, 2), 0.0)
+    >>> bool(abs(float(kl[0, 1]) - entropy(q[0, 1].numpy(), p[0].numpy())) < 1e-12)
+    True
     """
     if p.ndim != 2 or q.ndim not in (2, 3) or q.shape[0] != p.shape[0] or q.shape[-1] != p.shape[-1]:
         raise ValueError(f"need p B×C and q B×K×C or B×C, got {tuple(p.shape)} and {tuple(q.shape)}")
@@ -118,23 +151,56 @@ def ensemble_loss(
     check_weights: bool = True,
     **sinkhorn_options: Any,
 ) -> torch.Tensor:
-    """KNOT eq. 3 averaged over the batch: mean_b Σ_k W̄_bk T(h_θ(x_b), h_k(x_b)) (see module docstring).
+    """KNOT eq. 3 averaged over the batch (eq. 2's empirical risk): mean_b Σ_k W̄_bk T(h_θ(x_b), h_k(x_b)), with
+    T the Sinkhorn discrepancy T_ε of eq. 1 ("Sinkhorn") or KL ("Entropy"; see the module docstring).
 
-    - ``student_probs``: B×C student probabilities h_θ(x) (the loss is differentiable w.r.t. them);
-    - ``teacher_probs``: B×K×C (or B×C for one teacher) teacher probabilities h_k(x);
-    - ``weights``: B×K per-sample or K per-teacher weights W_k (:mod:`otfed.distill.weights`), default
-      all ones ("A"); they are constants (detached). With ``normalize`` (default) each sample's weights
-      are divided by their sum, as in the papers' appendix E.
-    - ``kind``: "sinkhorn" — T = entropic OT transport cost on the label support with ground ``cost``
-      (a C×C tensor or a :class:`LabelSpace`) and regularisation ``eps`` (``sinkhorn_options`` go to
-      :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`, e.g. ``value="regularized"``;
-      ``solver="fixed"`` for the fixed-shape solver, which never makes the host wait for a GPU inside
-      the solve, instead of the default adaptive ``"newton"``; ``n_iter``; or ``threads=None`` to solve with
-      torch's intra-op thread setting instead of one thread); or "kl" — T = KL(h_k(x) || h_θ(x)), the
-      "Entropy" baseline.
-    - ``reduction``: "mean" (a scalar) or "none" (the B per-sample losses).
-    - ``check_weights``: raise ValueError on a negative or non-finite weight. Reading the values is a host
-      sync on a GPU: a training loop checks all its weights once (:func:`validate_weights`) and passes False.
+    Parameters:
+        student_probs: B×C student probabilities h_θ(x); the loss is differentiable w.r.t. them.
+        teacher_probs: B×K×C (or B×C for one teacher) teacher probabilities h_k(x).
+        weights: B×K per-sample or K per-teacher weights W_k (:func:`otfed.distill.weights.teacher_weights`),
+            default all ones ("A"); they are constants (detached). With ``normalize`` (default) each sample's
+            weights are divided by their sum, as in the papers' appendix E.
+        kind: "sinkhorn" — T = the entropic OT transport cost ⟨P_ε, C⟩ on the label support (eq. 1's plan) — or
+            "kl" — T = KL(h_k(x) || h_θ(x)), the "Entropy" baseline (:func:`kl_histogram_loss`).
+        cost: the C×C ground cost C of eq. 1, a tensor or a :class:`LabelSpace` (its ``cost_matrix()``);
+            "sinkhorn" only.
+        eps: the absolute entropic regularisation ε (in the cost's units, like POT's ``reg``); "sinkhorn" only.
+        normalize: divide each sample's weights by their sum (default); False reproduces the authors' code,
+            Σ_k W_k T_k unnormalised.
+        reduction: "mean" (a scalar) or "none" (the B per-sample losses).
+        check_weights: raise ValueError on a negative or non-finite weight. Reading the values is a host sync
+            on a GPU: a training loop checks all its weights once (:func:`validate_weights`) and passes False.
+        sinkhorn_options: passed to :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`, e.g.
+            ``value="regularized"`` (eq. 1's value, ⟨P_ε, C⟩ + ε KL(P_ε | μ⊗ν)); ``solver="fixed"`` for the
+            fixed-shape solver, which never makes the host wait for a GPU inside the solve, instead of the
+            default adaptive ``"newton"``; ``n_iter``; or ``threads=None`` to solve with torch's intra-op thread
+            setting instead of one thread.
+
+    Returns:
+        A 0-d tensor (``reduction="mean"``) or the B per-sample losses (``"none"``), in the inputs' dtype.
+
+    Raises ValueError naming the problem: an unknown ``kind`` or ``reduction``, mismatched shapes, an empty
+    batch, "sinkhorn" without ``cost`` and ``eps``, a bad weight (with ``check_weights``).
+
+    Two teachers on SA's five ratings (ground cost |i − j|), weighted 1 : 3. With a small ε eq. 3 is the
+    weighted sum of the exact Wasserstein distances (POT's ``ot.emd2``):
+
+    >>> import ot
+    >>> sa = LabelSpace.for_task("sa")
+    >>> student = torch.tensor([[0.1, 0.6, 0.2, 0.1, 0.0]], dtype=torch.float64)
+    >>> teachers = torch.tensor([[[1.0, 0, 0, 0, 0], [0, 0, 0.5, 0.5, 0]]], dtype=torch.float64)
+    >>> loss = ensemble_loss(student, teachers, [1.0, 3.0], cost=sa, eps=1e-3)
+    >>> cost = sa.cost_matrix(torch.float64).numpy()
+    >>> exact = [ot.emd2(student[0].numpy(), q.numpy(), cost) for q in teachers[0]]
+    >>> bool(abs(float(loss) - (0.25 * exact[0] + 0.75 * exact[1])) < 1e-3)
+    True
+
+    The "Entropy" baseline with one teacher (B×C) is KL(h_k(x) || h_θ(x)), SciPy's ``entropy(q, p)``:
+
+    >>> from scipy.stats import entropy
+    >>> kl = ensemble_loss(student, teachers[:, 1], kind="kl")
+    >>> bool(abs(float(kl) - entropy(teachers[0, 1].numpy(), student[0].numpy())) < 1e-12)
+    True
     """
     if kind not in KINDS:
         raise ValueError(f"unknown loss kind {kind!r}; allowed: {', '.join(KINDS)}")
@@ -179,12 +245,28 @@ def mixture_sinkhorn_loss(
     mixture, the weighted mean — the KL baseline's minimiser too. So a confident teacher that is wrong by one
     label, outvoted by the others, moves the mixture (and the KL student) but not eq. 3's student.
 
-    Arguments as in :func:`ensemble_loss` (``cost`` a C×C tensor or :class:`LabelSpace`, ``eps`` the absolute
-    ε, ``sinkhorn_options`` for :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`). The mixture
-    always uses the normalised weights W̄ (it must be a histogram); ``normalize=False`` multiplies each sample's
-    term by Σ_k W_bk, the total weight that the unnormalised eq. 3 gives that sample. A sample whose weights are
-    all 0 contributes 0, as in :func:`ensemble_loss`. One teacher, or teachers that all agree, give the same
-    value as :func:`ensemble_loss`.
+    The mixture always uses the normalised weights W̄ (it must be a histogram); ``normalize=False`` multiplies
+    each sample's term by Σ_k W_bk, the total weight that the unnormalised eq. 3 gives that sample. A sample
+    whose weights are all 0 contributes 0, as in :func:`ensemble_loss`. One teacher, or teachers that all
+    agree, give the same value as :func:`ensemble_loss`.
+
+    Parameters:
+        student_probs: B×C student probabilities h_θ(x); the loss is differentiable w.r.t. them.
+        teacher_probs: B×K×C (or B×C for one teacher) teacher probabilities h_k(x).
+        weights: B×K or K teacher weights W_k, default all ones; detached.
+        cost: the C×C ground cost, a tensor or a :class:`LabelSpace`.
+        eps: the absolute entropic regularisation ε.
+        normalize, reduction, check_weights, sinkhorn_options: as in :func:`ensemble_loss`
+            (``sinkhorn_options`` go to :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`).
+
+    Returns:
+        A 0-d tensor (``reduction="mean"``) or the B per-sample losses (``"none"``).
+
+    Raises ValueError as :func:`ensemble_loss` does, and without ``cost`` or ``eps``.
+
+    Three teachers, one on label 1 and two on label 2: the mixture ⅓ δ_1 + ⅔ δ_2 has no loss against itself,
+    while eq. 3's sum (mean of W1(mixture, δ_1) = ⅔ and twice W1(mixture, δ_2) = ⅓) is 4/9, as POT's exact
+    solver says:
 
     >>> import torch
     >>> from otfed.label_space import LabelSpace
@@ -193,6 +275,10 @@ def mixture_sinkhorn_loss(
     >>> round(float(mixture_sinkhorn_loss(mixture, teachers, cost=LabelSpace.for_task("sa"), eps=1e-3)), 3)
     0.0
     >>> round(float(ensemble_loss(mixture, teachers, cost=LabelSpace.for_task("sa"), eps=1e-3)), 3)  # eq. 3
+    0.444
+    >>> import ot
+    >>> cost = LabelSpace.for_task("sa").cost_matrix(torch.float64).numpy()
+    >>> round(float(sum(ot.emd2(mixture[0].numpy(), q.numpy(), cost) for q in teachers[0])) / 3, 3)
     0.444
     """
     teacher_probs = _teachers_of(student_probs, teacher_probs, reduction)

@@ -37,7 +37,20 @@ LOSS_KINDS = KINDS + (MIXTURE,)
 
 def ensemble_weights(ensemble: TeacherEnsemble, weighting: str) -> np.ndarray:
     """N×K teacher weights W_k(h_k(x)) of ``weighting`` ∈ {A, D, U, E} for every transfer sample
-    (KNOT eq. 3 and §5.2), from the server's messages only (sizes for D, biases for E)."""
+    (KNOT eq. 3 and §5.2), from the server's messages only (sizes for D, biases for E).
+
+    Parameters:
+        ensemble: the server's :class:`TeacherEnsemble` (:func:`otfed.federation.knot.teacher_ensemble`).
+        weighting: "A", "D", "U" or "E" (:func:`otfed.distill.weights.teacher_weights`); "E" needs the
+            ensemble's ``biases``.
+
+    Returns:
+        An N×K float64 array, the ``weights`` of :func:`distill_student`.
+
+    >>> ensemble = TeacherEnsemble(("t1", "t2"), np.full((3, 2, 5), 0.2), np.array([100, 300]), None)
+    >>> ensemble_weights(ensemble, "D").tolist()  # n_k / Σ_j n_j on every row
+    [[0.25, 0.75], [0.25, 0.75], [0.25, 0.75]]
+    """
     q = torch.as_tensor(ensemble.probabilities, dtype=torch.float64)
     bias = None if ensemble.biases is None else torch.as_tensor(ensemble.biases, dtype=torch.float64)
     w = teacher_weights(weighting, q, bias=bias, dataset_sizes=ensemble.dataset_sizes)
@@ -82,6 +95,74 @@ def distill_student(
     bounds its steps at the final ε. ``kind``: "sinkhorn" or "kl" — eq. 3 (:func:`ensemble_loss`) — or
     "sinkhorn_mixture", the ablation with one Sinkhorn term against the teachers' weighted mixture
     (:func:`otfed.distill.losses.mixture_sinkhorn_loss`; same ``cost``, ``eps`` and solver options).
+
+    Parameters:
+        student: the global model h_θ — an :class:`otfed.models.TextClassifier` or any object with its
+            ``model`` (a torch module), ``pretokenize(texts)``, ``collate(features)`` and ``logits(batch)``;
+            trained in place.
+        transfer_texts: the N unlabelled transfer texts.
+        ensemble: the teachers' N×K×C predictions on them (:class:`TeacherEnsemble`, from messages only).
+        weights: N×K teacher weights W_k (:func:`ensemble_weights`), finite and non-negative.
+        kind: "sinkhorn" (eq. 3 with eq. 1's T_ε), "kl" (the "Entropy" baseline) or "sinkhorn_mixture".
+        cost: the C×C ground cost (:meth:`otfed.label_space.LabelSpace.cost_matrix`); Sinkhorn kinds only.
+        eps: the absolute entropic regularisation ε; Sinkhorn kinds only.
+        sinkhorn_iterations: the solver's step bound at the final ε.
+        sinkhorn_solver: "newton" or "fixed".
+        epochs: passes over the transfer set (at most, with ``patience``).
+        batch_size: transfer texts per step.
+        lr, weight_decay: AdamW's.
+        seed: seeds the batch order and the dropout masks (same seed → same batches and masks).
+        on_epoch: called with each epoch's history record.
+        progress: show tqdm progress bars.
+        description: the progress bars' label.
+        holdout: a :class:`Holdout` split to stop on and to restore the best epoch's weights from; None: train
+            all ``epochs``.
+        patience: epochs without a lower held-out loss before stopping (with ``holdout``).
+
+    Returns:
+        The history: one dict per epoch — ``epoch``, ``loss`` (the epoch's mean training loss), ``seconds``;
+        with ``holdout`` also ``holdout_loss`` and ``best``, and a first record for epoch 0. The student ends
+        in eval mode.
+
+    Raises ValueError for an unknown ``kind``, an empty transfer set, texts, predictions and weights that do not
+    match, or a negative or non-finite weight.
+
+    A student whose output does not depend on its input (one trainable logit vector) and two teachers on SA's
+    five ratings weighted ¼, ¾ (D): the "Entropy" student reaches eq. 3's closed-form KL minimiser, the
+    teachers' weighted mixture, while the Sinkhorn student (ε small: W1 on the rating line, minimised by the
+    weighted median) lands on the heavier teacher, far from the mixture — distances by POT's exact solver:
+
+    >>> import ot
+    >>> from otfed.label_space import LabelSpace
+    >>> class ConstantStudent:
+    ...     def __init__(self, n_labels):
+    ...         self.model = torch.nn.Module()
+    ...         self.model.theta = torch.nn.Parameter(torch.zeros(n_labels))
+    ...     def pretokenize(self, texts):
+    ...         return list(texts)
+    ...     def collate(self, features):
+    ...         return len(features)
+    ...     def logits(self, n):
+    ...         return self.model.theta.expand(n, -1)
+    ...     def probs(self):
+    ...         return torch.softmax(self.model.theta.detach().double(), -1).numpy()
+    >>> q1, q2 = np.array([0.7, 0.2, 0.05, 0.03, 0.02]), np.array([0.02, 0.03, 0.05, 0.2, 0.7])
+    >>> texts = ["one text", "another", "a third", "a fourth"]
+    >>> ensemble = TeacherEnsemble(("t1", "t2"), np.tile([q1, q2], (4, 1, 1)), np.array([100, 300]), None)
+    >>> weights = ensemble_weights(ensemble, "D")
+    >>> entropy_student = ConstantStudent(5)
+    >>> history = distill_student(entropy_student, texts, ensemble, weights, kind="kl", epochs=60, lr=0.15,
+    ...                           weight_decay=0.0, progress=False)
+    >>> bool(np.allclose(entropy_student.probs(), 0.25 * q1 + 0.75 * q2, atol=3e-3)), len(history)
+    (True, 60)
+    >>> sa = LabelSpace.for_task("sa")
+    >>> sinkhorn_student = ConstantStudent(5)
+    >>> _ = distill_student(sinkhorn_student, texts, ensemble, weights, kind="sinkhorn", cost=sa.cost_matrix(),
+    ...                     eps=0.01, epochs=30, lr=0.3, weight_decay=0.0, progress=False)
+    >>> cost = sa.cost_matrix(torch.float64).numpy()
+    >>> p = sinkhorn_student.probs()
+    >>> bool(ot.emd2(p, q2, cost) < 0.1), bool(ot.emd2(p, 0.25 * q1 + 0.75 * q2, cost) > 0.5)
+    (True, True)
     """
     if kind not in LOSS_KINDS:
         raise ValueError(f"unknown loss kind {kind!r}; allowed: {', '.join(LOSS_KINDS)}")

@@ -89,6 +89,37 @@ def teacher_weights(
     """B×K weights of the weighting ``kind`` ∈ {"A", "D", "U", "E"} (KNOT eq. 3's W_k; table names).
 
     "D" needs ``dataset_sizes`` (K), "E" needs ``bias`` (K×C).
+
+    Parameters:
+        kind: "A" (1, :func:`weights_A`), "D" (n_k / Σ_j n_j, :func:`weights_D`), "U" (||h_k(x) − u||₂,
+            :func:`weights_U`) or "E" (L2 confidence ||h_k(x) − B_k||₂, Definition 5.1, :func:`weights_E`);
+            case-insensitive.
+        q: the teachers' predictions h_k(x), B×K×C (B transfer samples, K teachers, C labels).
+        bias: K×C, row k teacher k's probability bias B_k (:func:`otfed.distill.bias.probability_bias`); "E" only.
+        dataset_sizes: the K local training-set sizes n_k; "D" only.
+
+    Returns:
+        A B×K tensor of non-negative weights on q's device and in q's dtype, without gradient; eq. 3's
+        normalisation by Σ_k W_k is :func:`otfed.distill.losses.ensemble_loss`'s.
+
+    Raises ValueError for an unknown ``kind``, a missing ``bias`` or ``dataset_sizes``, or shapes that do not
+    match q's.
+
+    One transfer sample, two teachers on three labels — the first sure of label 1, the second undecided:
+
+    >>> q = torch.tensor([[[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]]], dtype=torch.float64)
+    >>> teacher_weights("A", q).tolist()
+    [[1.0, 1.0]]
+    >>> shares = teacher_weights("D", q, dataset_sizes=[100, 300])  # n_k / Σ_j n_j: they sum to 1
+    >>> shares.tolist(), float(shares.sum())
+    ([[0.25, 0.75]], 1.0)
+    >>> u = teacher_weights("U", q)  # √(1 − 1/C) for a one-hot prediction, 0 for the uniform one
+    >>> bool(torch.allclose(u, torch.tensor([[(2 / 3) ** 0.5, 0.0]], dtype=torch.float64)))
+    True
+    >>> bias = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)  # B_k, one row per teacher
+    >>> e = teacher_weights("E", q, bias=bias)  # 0 for a prediction equal to its teacher's bias
+    >>> bool(torch.allclose(e, torch.tensor([[0.0, (1 / 9 + 1 / 9 + 4 / 9) ** 0.5]], dtype=torch.float64)))
+    True
     """
     key = str(kind).upper()
     if key == "A":

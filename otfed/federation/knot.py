@@ -70,6 +70,27 @@ def teacher_ensemble(messages: Iterable[Message], order: Sequence[str] | None = 
     ``SOFT_BIAS``, the ablation's mean probability rows; bias messages of the other kind are ignored.
     ``order`` fixes the teacher order (default: order of first prediction message). Raises ValueError
     naming the sender on a missing or inconsistent message, and on a ``bias_kind`` outside those two.
+
+    Parameters:
+        messages: the messages the server received (:func:`client_messages`, :func:`bias_message`,
+            :func:`soft_bias_message`), each addressed to the server.
+        order: the teachers' names in the order wanted; default the order of their first prediction message.
+        bias_kind: ``BIAS`` (the papers' B_k) or ``SOFT_BIAS`` (the ablation).
+
+    Returns:
+        A :class:`TeacherEnsemble`: ``names``, ``probabilities`` N×K×C, ``dataset_sizes`` K and ``biases`` K×C
+        (None when no bias message of ``bias_kind`` came).
+
+    Two clients' messages, stacked in the order asked for — exactly what the clients sent, nothing more:
+
+    >>> alice, bob = np.full((4, 3), 1 / 3), np.eye(3)[[0, 1, 2, 0]]
+    >>> messages = [*client_messages("alice", alice, 120), *client_messages("bob", bob, 40),
+    ...             bias_message("alice", [1.0, 0.0, 0.0]), bias_message("bob", [0.0, 0.0, 1.0])]
+    >>> ensemble = teacher_ensemble(messages, order=["bob", "alice"])
+    >>> ensemble.names, ensemble.probabilities.shape, ensemble.dataset_sizes.tolist()
+    (('bob', 'alice'), (4, 2, 3), [40, 120])
+    >>> bool(np.array_equal(ensemble.probabilities[:, 1], alice)), ensemble.biases.tolist()
+    (True, [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
     """
     _check_bias_kind(bias_kind)
     preds: dict[str, np.ndarray] = {}

@@ -10,7 +10,7 @@ al., 2017, "Bag of Tricks for Efficient Text Classification") over the party's o
 
 Bigram (a, b) of consecutive pieces of the same segment is embedding row ``V + (a·1000003 + b) mod buckets``
 (V = vocabulary size; ``buckets = 0``, the default of ``ModelSpec(kind="bow")``: unigrams only — on SA hashed
-bigrams scored no better and trained 2–3× slower, ``bench/teacher_options.py``). Padding never enters the mean. For (first, second)
+bigrams scored no better and trained 2–3× slower, ``studies/teacher_options.py``). Padding never enters the mean. For (first, second)
 pairs — NLI's premise and hypothesis — each segment is averaged on its own and the classifier reads
 [u, v, |u − v|, u ⊙ v] (the usual sentence-pair features), so the order and overlap of the two parts count.
 

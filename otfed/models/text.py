@@ -52,7 +52,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voc
 _INIT_STD = 0.02  # BERT's initializer_range
 
 #: kind="bow": hashed-bigram embedding rows when ``ModelSpec.buckets`` is None, and the most hidden layers.
-BOW_DEFAULT_BUCKETS = 0  # bigrams measured no better on SA (bench/teacher_options) and 2–3× slower
+BOW_DEFAULT_BUCKETS = 0  # bigrams measured no better on SA (studies/teacher_options) and 2–3× slower
 BOW_MAX_LAYERS = 4
 
 #: One input of a classifier: a text, or a (first, second) pair of texts (NLI premise and hypothesis).

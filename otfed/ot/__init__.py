@@ -9,7 +9,6 @@ Public names (implementation modules in parentheses):
 - ``Transport``, ``optimal_transport(mu, nu, p, solver)`` — plan + W_p, solver dispatch (exact)
 - ``semidual_plan(a, b, M, eps_rel, tol, max_newton, g_init)`` — fast entropic
   semi-dual Newton solver for small-vs-large problems (FedWaD subproblems)               (semidual)
-- ``sinkhorn_log(a, b, M, eps, max_iter, tol)`` — log-domain Sinkhorn                   (entropic)
 - ``entropic_histogram_transport(p, q, cost, eps, ...)`` — batched entropic OT (torch)
   between histograms on one label support: plan, potentials, values, convergence
   (``HistogramTransport``); ``sinkhorn_histogram_loss`` — KNOT's T_ε, differentiable   (entropic_histograms)
@@ -22,11 +21,11 @@ Public names (implementation modules in parentheses):
 
 The torch-based names (``HistogramTransport``, ``entropic_histogram_transport``, ``sinkhorn_histogram_loss``) are
 imported on first use (PEP 562): FedWaD, OTDD and FedBary run without torch (the core install). Code that needs
-them imports :mod:`otfed.ot.entropic_histograms` itself.
+them imports :mod:`otfed.ot.entropic_histograms` itself. FedBary's entropic potentials come from POT's
+``ot.bregman.sinkhorn_log`` directly (:func:`otfed.valuation.calibrated.dual_potential`).
 """
 import importlib
 
-from otfed.ot.entropic import sinkhorn_log
 from otfed.ot.exact import Transport, cost_matrix, exact_plan, optimal_transport, wasserstein
 from otfed.ot.gelbrich import bures_squared, gelbrich_bound, measure_moments, psd_sqrt
 from otfed.ot.interpolation import interpolate_approx, interpolate_exact, interpolating_measure
@@ -49,7 +48,6 @@ __all__ = [
     "Transport",
     "optimal_transport",
     "semidual_plan",
-    "sinkhorn_log",
     "HistogramTransport",
     "entropic_histogram_transport",
     "sinkhorn_histogram_loss",

@@ -10,13 +10,14 @@ where both histograms live on the same C label points and C is the ground cost b
 (:meth:`otfed.label_space.LabelSpace.cost_matrix`). A transfer batch of B samples and K teachers
 is B·K independent C×C problems; they are solved together in one tensor program.
 
-It is otfed's torch entropic solver, beside the NumPy ones for one problem between point clouds:
-:func:`otfed.ot.entropic.sinkhorn_log` (log-domain Sinkhorn; the potentials of FedBary's calibrated
-gradients) and :func:`otfed.ot.semidual.semidual_plan` (semi-dual Newton for a small support against a
-large one; FedWaD). All three solve min ⟨P, C⟩ + ε KL(P | μ⊗ν) through dual potentials, but their ε
-(absolute here and in ``sinkhorn_log``, relative to the mean cost in ``semidual_plan``), ε-scaling
-schedules, stopping rules (column vs row marginal) and array layouts differ, and each is pinned to POT
-by its own tests, so they share no code.
+It is otfed's torch entropic solver, beside two NumPy ones for one problem between point clouds: POT's
+log-domain Sinkhorn ``ot.bregman.sinkhorn_log`` (used directly for the potentials of FedBary's calibrated
+gradients, :func:`otfed.valuation.calibrated.dual_potential`) and :func:`otfed.ot.semidual.semidual_plan`
+(semi-dual Newton for a small support against a large one; FedWaD). All three solve
+min ⟨P, C⟩ + ε KL(P | μ⊗ν) through dual potentials, but their ε (absolute here and in POT's
+``sinkhorn_log``, relative to the mean cost in ``semidual_plan``), ε-scaling schedules, stopping rules
+and array layouts differ; this one and ``semidual_plan`` are pinned to POT by their own tests, so they
+share no code.
 
 **Which number is returned.** :func:`sinkhorn_histogram_loss` returns, by default, the *transport cost
 of the entropic plan* ⟨P_ε, C⟩ (``value="transport"``). It is what POT's ``ot.sinkhorn2`` returns, it
@@ -66,7 +67,7 @@ warm-starting the next. ε is absolute, in the units of the cost (like POT's ``r
   runs every step with every candidate), so on a CPU it is slower (measured below). It is not the
   default: it was built for GPUs and has not been timed on one yet (``python -m
   bench.sinkhorn_backends --device cuda`` and ``python -m bench.distill_step --device cuda --solver
-  fixed`` do that; ``bench/gpu_session.sh`` runs them on a lent GPU machine).
+  fixed`` do that; ``gpu/gpu_session.sh`` runs them on a lent GPU machine).
 - ``solver="newton"`` (default) maximises the entropic semi-dual J(g) = ⟨ν, g⟩ + ⟨μ, f(g)⟩, where
   f_i(g) = −ε LSE_j(log ν_j + (g_j − C_ij)/ε) is the exact soft c-transform (so the plan's row
   marginals are always exact). Each problem has only C unknowns. The potentials start at
@@ -786,6 +787,48 @@ def entropic_histogram_transport(
     None leaves torch's setting alone). ``cost`` and ``regularized`` are differentiable (once) w.r.t.
     ``p`` and ``q``; ``plan``, ``f``, ``g`` are not. With "fixed", ``converged`` is a 0-d bool tensor,
     left on the device (reading it waits for the solve).
+
+    Parameters:
+        p: B×C student histograms μ (each renormalised to sum 1 inside).
+        q: B×K×C teacher histograms ν (or B×C for one teacher), on the same C labels.
+        cost: the C×C ground cost between labels (:meth:`otfed.label_space.LabelSpace.cost_matrix`).
+        eps: the absolute entropic regularisation ε of eq. 1 (> 0, in the cost's units).
+        n_iter: the solver's step budget at the final ε (≥ 1).
+        tol: the L1 tolerance on every problem's column marginal ||Pᵀ1 − ν||₁.
+        eps_scaling: the ε-scaling factor in (0, 1); None for the solver's default.
+        solver: "newton" (default), "fixed" or "sinkhorn".
+        threads: torch intra-op threads during the solve (None: leave torch's setting).
+
+    Returns:
+        A :class:`HistogramTransport`: ``cost`` ⟨P, C⟩ and ``regularized`` (eq. 1's value), B×K (B for one
+        teacher); ``plan`` B×K×C×C; the potentials ``f``, ``g``; ``marginal_error``, ``n_steps``, ``converged``.
+
+    Raises ValueError for an unknown solver, ``n_iter`` < 1, ε ≤ 0, ``eps_scaling`` outside (0, 1), or
+    histograms / a cost of the wrong shape or mass.
+
+    One student and two teachers on five ratings (cost |i − j|), ε = 0.5: the plans, transport costs and eq. 1
+    values are those of POT's log-domain Sinkhorn run to convergence (``ot.sinkhorn``, ``ot.sinkhorn2``), and
+    ``regularized`` is ⟨P, C⟩ + ε KL(P | μ⊗ν) of that plan:
+
+    >>> import numpy as np
+    >>> import ot
+    >>> cost = (torch.arange(5.0)[:, None] - torch.arange(5.0)[None, :]).abs().double()
+    >>> p = torch.tensor([[0.1, 0.5, 0.2, 0.1, 0.1]], dtype=torch.float64)
+    >>> q = torch.tensor([[[0.6, 0.1, 0.1, 0.1, 0.1], [0.05, 0.05, 0.4, 0.4, 0.1]]], dtype=torch.float64)
+    >>> out = entropic_histogram_transport(p, q, cost, eps=0.5)
+    >>> out.cost.shape, out.plan.shape, out.converged
+    (torch.Size([1, 2]), torch.Size([1, 2, 5, 5]), True)
+    >>> mu, nu, C = p[0].numpy(), q[0, 1].numpy(), cost.numpy()
+    >>> P = ot.sinkhorn(mu, nu, C, 0.5, method="sinkhorn_log", stopThr=1e-12, numItermax=10_000)
+    >>> bool(np.allclose(out.plan[0, 1].numpy(), P, atol=1e-9))
+    True
+    >>> reference = [ot.sinkhorn2(mu, t.numpy(), C, 0.5, method="sinkhorn_log", stopThr=1e-12, numItermax=10_000)
+    ...              for t in q[0]]
+    >>> bool(np.allclose(out.cost[0].numpy(), reference, atol=1e-9))
+    True
+    >>> kl = float((P * np.log(P / np.outer(mu, nu))).sum())
+    >>> bool(abs(float(out.regularized[0, 1]) - ((P * C).sum() + 0.5 * kl)) < 1e-9)
+    True
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; allowed: {', '.join(SOLVERS)}")
@@ -924,6 +967,40 @@ def sinkhorn_histogram_loss(
     GPU the flag is checked without waiting, and the warning comes at a later call), "raise"
     (:class:`otfed.errors.OTConvergenceError`) or "ignore". Arguments as in
     :func:`entropic_histogram_transport`.
+
+    Parameters:
+        p: B×C student histograms h_θ(x) (the loss is differentiable w.r.t. them).
+        q: B×K×C teacher histograms h_k(x), or B×C for one teacher.
+        cost: the C×C ground cost between labels.
+        eps: the absolute entropic regularisation ε of eq. 1 (> 0).
+        n_iter: the solver's step budget at the final ε.
+        value: "transport" (⟨P_ε, C⟩, default) or "regularized" (eq. 1's value).
+        tol: the L1 tolerance on every problem's column marginal.
+        eps_scaling: the ε-scaling factor in (0, 1); None for the solver's default.
+        solver: "newton" (default), "fixed" or "sinkhorn".
+        on_unconverged: "warn" (default), "raise" or "ignore".
+        threads: torch intra-op threads during the solve (None: leave torch's setting).
+
+    Returns:
+        T_ε for every sample and teacher: a B×K tensor (B for one teacher) in the inputs' dtype, with a gradient.
+
+    Raises ValueError for an unknown ``value`` or ``on_unconverged`` (and as
+    :func:`entropic_histogram_transport`).
+
+    At a small ε the transport cost is the exact W₁ between the histograms (POT's ``ot.emd2``) within the
+    closed-form gap ε·log C, and it has a gradient w.r.t. the student:
+
+    >>> import ot
+    >>> cost = (torch.arange(5.0)[:, None] - torch.arange(5.0)[None, :]).abs().double()
+    >>> p = torch.tensor([[0.1, 0.6, 0.2, 0.1, 0.0]], dtype=torch.float64, requires_grad=True)
+    >>> q = torch.tensor([[[1.0, 0, 0, 0, 0], [0, 0, 0.5, 0.5, 0]]], dtype=torch.float64)
+    >>> loss = sinkhorn_histogram_loss(p, q, cost, eps=1e-3)
+    >>> exact = torch.tensor([[ot.emd2(p[0].detach().numpy(), t.numpy(), cost.numpy()) for t in q[0]]])
+    >>> loss.shape, bool(((loss - exact).abs() <= 1e-3 * math.log(5)).all())
+    (torch.Size([1, 2]), True)
+    >>> loss.sum().backward()
+    >>> p.grad.shape
+    torch.Size([1, 5])
     """
     if value not in VALUES:
         raise ValueError(f"unknown value {value!r}; allowed: {', '.join(VALUES)}")

@@ -87,8 +87,25 @@ def gelbrich_bound(mean1: np.ndarray, cov1: np.ndarray, mean2: np.ndarray, cov2:
     Raises ValueError naming the argument on mismatched or malformed shapes, NaN / inf, or a covariance
     that is not symmetric PSD.
 
+    Parameters:
+        mean1, cov1: μ's mean (d,) and covariance (d × d, symmetric PSD).
+        mean2, cov2: ν's mean and covariance, of the same dimension.
+
+    Returns:
+        √(‖m₁ − m₂‖² + B²(Σ₁, Σ₂)) as a float.
+
+    Closed form: between the Gaussians N(0, I) and N((3, 4), 4I) W₂² = ‖m₁ − m₂‖² + ‖I − 2I‖_F² = 25 + 2, which
+    the bound attains. For two empirical measures, with their own moments (:func:`measure_moments`), it lies
+    below their exact W₂ (POT's ``ot.emd2``):
+
     >>> round(gelbrich_bound(np.zeros(2), np.eye(2), np.array([3.0, 4.0]), 4.0 * np.eye(2)), 12)  # √(25 + 2)
     5.196152422707
+    >>> import ot
+    >>> rng = np.random.default_rng(0)
+    >>> mu, nu = Measure.uniform(rng.normal(size=(50, 2))), Measure.uniform(rng.exponential(size=(40, 2)))
+    >>> w2 = np.sqrt(ot.emd2(mu.weights, nu.weights, ot.dist(mu.support, nu.support)))
+    >>> bool(gelbrich_bound(*measure_moments(mu), *measure_moments(nu)) <= w2)
+    True
     """
     m1 = np.asarray(mean1, dtype=np.float64)
     m2 = np.asarray(mean2, dtype=np.float64)

@@ -17,6 +17,24 @@ class Measure:
     ``support`` is an (n, d) float64 array of atoms, ``weights`` an (n,) float64 array of non-negative
     masses summing to 1 (within 1e-8). Both are converted to float64 and validated on construction;
     invalid input raises :class:`ValueError` naming the problem.
+
+    Parameters:
+        support: the atoms x_1..x_n, an (n, d) array (one row per atom; n ≥ 1, finite).
+        weights: their masses w_1..w_n, an (n,) array, non-negative and summing to 1 within ``WEIGHT_SUM_TOL``.
+            :meth:`uniform` gives the empirical measure (1/n) Σ_i δ_{x_i} of a sample.
+
+    Raises ValueError naming the problem: wrong shapes, no atom, NaN / inf, a negative weight, a total mass ≠ 1.
+
+    Three quarters of the mass at (1, 0): the mean Σ_i w_i x_i is (0.75, 0), as by hand; weights that do not
+    sum to 1 are refused.
+
+    >>> mu = Measure(np.array([[0.0, 0.0], [1.0, 0.0]]), np.array([0.25, 0.75]))
+    >>> mu.n, mu.dim, (mu.weights @ mu.support).tolist()
+    (2, 2, [0.75, 0.0])
+    >>> Measure(np.zeros((2, 1)), np.array([0.5, 0.6]))
+    Traceback (most recent call last):
+        ...
+    ValueError: Measure weights must sum to 1 (within 1e-08), got 1.1
     """
 
     support: np.ndarray
@@ -49,7 +67,17 @@ class Measure:
 
     @classmethod
     def uniform(cls, X: np.ndarray) -> "Measure":
-        """The empirical measure (1/n) Σ_i δ_{x_i} of the rows of X."""
+        """The empirical measure (1/n) Σ_i δ_{x_i} of the rows of X.
+
+        Parameters:
+            X: the sample, an (n, d) array with n ≥ 1 (one atom per row).
+
+        Returns:
+            The :class:`Measure` with support X (as float64) and weights 1/n each.
+
+        >>> Measure.uniform(np.arange(6.0).reshape(3, 2)).weights.tolist() == [1 / 3] * 3
+        True
+        """
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
             raise ValueError(f"Measure support must be a 2-D (n, d) array, got shape {X.shape}")

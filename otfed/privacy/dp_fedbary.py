@@ -50,8 +50,8 @@ from otfed.federation.ledger import Channel
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
 from otfed.federation.otdd import LabelledData, augmented_measure
 from otfed.ot import Measure, optimal_transport
-from otfed.privacy.dp import (DPConfig, PrivacyBudgetError, clip_to_ball, dp_client_step, gaussian_epsilon,
-                              gaussian_mechanism, gaussian_noise_multiplier)
+from otfed.privacy.dp import (DPConfig, clip_to_ball, dp_client_step, gaussian_epsilon, gaussian_mechanism,
+                              gaussian_noise_multiplier, spend_release)
 from otfed.valuation.calibrated import datum_values as calibrated_datum_values
 
 __all__ = ["DPBaryClient", "distance_sensitivity", "dp_federated_valuation", "releases_per_session"]
@@ -99,10 +99,7 @@ class DPBaryClient(BaryClient):
         return cls(data.name, augmented_measure(data, diagonal=config.diagonal), config, rng, dp, noise_rng)
 
     def _spend(self) -> None:
-        if self.releases >= self.budget:
-            raise PrivacyBudgetError(f"client {self.name!r}: its (ε={self.dp.epsilon}, δ={self.dp.delta}) budget "
-                                     f"covers {self.budget} releases ({self.dp.sessions} session(s)); all are spent")
-        self.releases += 1
+        self.releases = spend_release(self.name, self.releases, self.budget, self.dp)
 
     def _noisy_distance(self, other: Measure) -> float:
         """W_p(P̄_i, other) (network simplex: the bound needs a true W_p) + N(0, (σ_mult·2C)²), clamped to its

@@ -90,7 +90,34 @@ class MembershipScores:
 def membership_inference(member_probabilities: np.ndarray, member_labels: np.ndarray,
                          non_member_probabilities: np.ndarray, non_member_labels: np.ndarray) -> MembershipScores:
     """Both attacks on a teacher's probability vectors for candidate records whose membership the evaluation
-    knows (members: its training records; non-members: records of the same distribution it never saw)."""
+    knows (members: its training records; non-members: records of the same distribution it never saw).
+
+    Parameters:
+        member_probabilities: the teacher's n × C probability vectors on its training records (as the server
+            reads them from KNOT's prediction messages).
+        member_labels: their n labels, in 0..C − 1 (the loss attack's).
+        non_member_probabilities, non_member_labels: the same for m records the teacher never saw.
+
+    Returns:
+        A :class:`MembershipScores`: ROC AUC and advantage of the loss attack (log p(y | x)) and of the
+        confidence attack (max_c p(c | x)), and the numbers of members and non-members.
+
+    Raises ValueError for shapes that do not match, labels out of range, or no member or no non-member.
+
+    Against brute force: the AUC as the share of (member, non-member) pairs the score orders correctly (ties ½),
+    the advantage as the best TPR − FPR over every threshold:
+
+    >>> members = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]])
+    >>> outsiders = np.array([[0.6, 0.4], [0.5, 0.5], [0.3, 0.7], [0.9, 0.1]])
+    >>> scores = membership_inference(members, np.array([0, 1, 0]), outsiders, np.array([1, 0, 1, 0]))
+    >>> def brute_force(a, b):
+    ...     auc = np.mean([(s > t) + 0.5 * (s == t) for s in a for t in b])
+    ...     return float(auc), max(float(np.mean(a >= t) - np.mean(b >= t)) for t in np.concatenate([a, b]))
+    >>> brute_force(np.log([0.9, 0.8, 0.7]), np.log([0.4, 0.5, 0.7, 0.9])), (scores.loss_auc, scores.loss_advantage)
+    ((0.75, 0.5), (0.75, 0.5))
+    >>> brute_force(members.max(axis=1), outsiders.max(axis=1)) == (scores.confidence_auc, scores.confidence_advantage)
+    True
+    """
     loss_in = loss_scores(member_probabilities, member_labels)
     loss_out = loss_scores(non_member_probabilities, non_member_labels)
     conf_in = confidence_scores(member_probabilities)

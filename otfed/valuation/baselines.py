@@ -34,7 +34,15 @@ from otfed.valuation.calibrated import Potential, datum_values
 
 @dataclass(frozen=True, eq=False)
 class ValuationData:
-    """Training points (x, y) — the players — and a validation set (x_val, y_val) for utilities."""
+    """Training points (x, y) — the players — and a validation set (x_val, y_val) for utilities.
+
+    Parameters:
+        x: the players' features, an (n, d) array (one row per player: a training point, or a client).
+        y: their n labels.
+        x_val, y_val: the validation set, (m, d) and (m,), or both None (utilities that need none).
+
+    Raises ValueError for shapes that do not match, or only one of ``x_val`` and ``y_val``.
+    """
 
     x: np.ndarray
     y: np.ndarray
@@ -91,6 +99,21 @@ class ExactShapley:
     """Exact Shapley values φ_i = Σ_{S ⊆ N∖{i}} |S|!(N−|S|−1)!/N! [u(S ∪ {i}) − u(S)] (Shapley 1953).
 
     Evaluates u on all 2^N coalitions once (bitmask cache); refuses N > ``max_players``.
+
+    Parameters:
+        utility: u, a :data:`Utility` — (data, indices of a coalition) → float, defined on the empty coalition.
+        max_players: the largest N accepted (2^N utility calls).
+
+    Closed forms: in an additive game u(S) = Σ_{i∈S} w_i every player's Shapley value is its own worth w_i; in
+    the symmetric majority game (u = 1 from two players of three) each gets 1/3 (symmetry and efficiency):
+
+    >>> worth = np.array([1.0, 2.0, 3.5, -0.5])
+    >>> additive = lambda data, coalition: float(worth[coalition].sum())
+    >>> np.round(ExactShapley(additive).fit(ValuationData(np.zeros((4, 1)), np.zeros(4))), 12).tolist()
+    [1.0, 2.0, 3.5, -0.5]
+    >>> majority = lambda data, coalition: float(len(coalition) >= 2)
+    >>> np.round(ExactShapley(majority).fit(ValuationData(np.zeros((3, 1)), np.zeros(3))), 12).tolist()
+    [0.333333333333, 0.333333333333, 0.333333333333]
     """
 
     def __init__(self, utility: Utility, max_players: int = 16) -> None:
@@ -98,6 +121,14 @@ class ExactShapley:
         self.max_players = max_players
 
     def fit(self, data: ValuationData) -> np.ndarray:
+        """The exact Shapley value of every player.
+
+        Parameters:
+            data: the players (the rows of ``data.x``).
+
+        Returns:
+            One value per player (float64): φ_i, summing to u(N) − u(∅) (efficiency).
+        """
         n = data.n
         if n > self.max_players:
             raise ValueError(f"exact Shapley over {n} players needs 2^{n} utility calls "
@@ -114,12 +145,33 @@ class ExactShapley:
 
 
 class LeaveOneOut:
-    """Leave-one-out values v_i = u(N) − u(N ∖ {i})."""
+    """Leave-one-out values v_i = u(N) − u(N ∖ {i}).
+
+    Parameters:
+        utility: u, a :data:`Utility` (N + 1 calls).
+
+    In an additive game each player's leave-one-out value is its own worth; in the majority game of three
+    (u = 1 from two players) no single player is pivotal for the grand coalition, so all get 0:
+
+    >>> worth = np.array([1.0, 2.0, 3.5, -0.5])
+    >>> LeaveOneOut(lambda data, c: float(worth[c].sum())).fit(ValuationData(np.zeros((4, 1)), np.zeros(4))).tolist()
+    [1.0, 2.0, 3.5, -0.5]
+    >>> LeaveOneOut(lambda data, c: float(len(c) >= 2)).fit(ValuationData(np.zeros((3, 1)), np.zeros(3))).tolist()
+    [0.0, 0.0, 0.0]
+    """
 
     def __init__(self, utility: Utility) -> None:
         self.utility = utility
 
     def fit(self, data: ValuationData) -> np.ndarray:
+        """The leave-one-out value of every player.
+
+        Parameters:
+            data: the players (the rows of ``data.x``).
+
+        Returns:
+            One value per player (float64): u(N) − u(N ∖ {i}).
+        """
         everyone = np.arange(data.n)
         full = float(self.utility(data, everyone))
         return np.array([full - float(self.utility(data, np.delete(everyone, i))) for i in range(data.n)])
@@ -130,6 +182,22 @@ class PermutationShapley:
     u(pre_π(i) ∪ {i}) − u(pre_π(i)), an unbiased estimate of the Shapley value (Castro et al. 2009).
 
     Exact for additive games with any number of permutations. ``n_permutations`` × (N + 1) utility calls.
+
+    Parameters:
+        utility: u, a :data:`Utility`.
+        n_permutations: the number of random permutations (≥ 1).
+        seed: the permutations' seed (same seed → same values).
+
+    An additive game's marginals are the players' worths in every permutation, so even 3 permutations give
+    the exact Shapley values; in any game each permutation's marginals sum to u(N) − u(∅) (efficiency):
+
+    >>> worth = np.array([1.0, 2.0, 3.5, -0.5])
+    >>> additive = lambda data, coalition: float(worth[coalition].sum())
+    >>> PermutationShapley(additive, n_permutations=3).fit(ValuationData(np.zeros((4, 1)), np.zeros(4))).tolist()
+    [1.0, 2.0, 3.5, -0.5]
+    >>> majority = lambda data, coalition: float(len(coalition) >= 2)
+    >>> round(float(PermutationShapley(majority, 7).fit(ValuationData(np.zeros((3, 1)), np.zeros(3))).sum()), 12)
+    1.0
     """
 
     def __init__(self, utility: Utility, n_permutations: int = 100, seed: int = 0) -> None:
@@ -140,6 +208,14 @@ class PermutationShapley:
         self.seed = seed
 
     def fit(self, data: ValuationData) -> np.ndarray:
+        """The Monte-Carlo Shapley estimate of every player.
+
+        Parameters:
+            data: the players (the rows of ``data.x``).
+
+        Returns:
+            One value per player (float64), summing to u(N) − u(∅).
+        """
         return _mean_marginals(self.utility, data, self.n_permutations, self.seed, full=None, threshold=0.0)
 
 
@@ -172,6 +248,26 @@ class TruncatedMonteCarloShapley:
     where the strict test never truncates, gives the same values) and evaluates u(N) once more. A fixed
     ``n_permutations`` replaces the paper's convergence check. Each truncated permutation leaves out
     marginals that sum to u(N) − u(prefix), less than ``tolerance`` · |u(N)| in absolute value.
+
+    Parameters:
+        utility: u, a :data:`Utility`.
+        n_permutations: the number of random permutations (≥ 1).
+        tolerance: the truncation threshold relative to |u(N)| (≥ 0; 0 never truncates).
+        seed: the permutations' seed (the same permutations as :class:`PermutationShapley`'s).
+
+    With ``tolerance=0`` an additive game's values are the worths (the exact Shapley values); with truncation
+    the values of every permutation still sum to u(N) − u(∅) within ``tolerance`` · |u(N)| — here exactly, as a
+    prefix is truncated only once it reaches u(N):
+
+    >>> worth = np.array([1.0, 2.0, 3.5, -0.5])
+    >>> additive = lambda data, coalition: float(worth[coalition].sum())
+    >>> data = ValuationData(np.zeros((4, 1)), np.zeros(4))
+    >>> TruncatedMonteCarloShapley(additive, n_permutations=5, tolerance=0.0).fit(data).tolist()
+    [1.0, 2.0, 3.5, -0.5]
+    >>> majority = lambda data, coalition: float(len(coalition) >= 2)
+    >>> three = ValuationData(np.zeros((3, 1)), np.zeros(3))
+    >>> round(float(TruncatedMonteCarloShapley(majority, 20, tolerance=0.1).fit(three).sum()), 12)
+    1.0
     """
 
     def __init__(self, utility: Utility, n_permutations: int = 100, tolerance: float = 0.01, seed: int = 0) -> None:
@@ -185,6 +281,14 @@ class TruncatedMonteCarloShapley:
         self.seed = seed
 
     def fit(self, data: ValuationData) -> np.ndarray:
+        """The TMC-Shapley estimate of every player.
+
+        Parameters:
+            data: the players (the rows of ``data.x``).
+
+        Returns:
+            One value per player (float64).
+        """
         full = float(self.utility(data, np.arange(data.n)))
         return _mean_marginals(self.utility, data, self.n_permutations, self.seed, full=full,
                                threshold=self.tolerance * abs(full))
@@ -252,6 +356,26 @@ class KNNShapley:
         s_{α_i} = s_{α_{i+1}} + (1[y_{α_i} = y_val] − 1[y_{α_{i+1}} = y_val]) / K · min(K, i) / i,
 
     averaged over the validation points.
+
+    Parameters:
+        k: K, the number of neighbours of :func:`knn_utility` (≥ 1).
+
+    Against brute force: the Shapley value of each of 4 points under :func:`knn_utility` (K = 2), enumerated
+    over all 4! orders of the players:
+
+    >>> from itertools import permutations
+    >>> data = ValuationData(np.array([[0.0], [1.0], [2.0], [3.0]]), np.array([0, 1, 0, 1]),
+    ...                      np.array([[0.4], [2.2]]), np.array([0, 1]))
+    >>> u = knn_utility(2)
+    >>> def brute_force(i):
+    ...     total = 0.0
+    ...     for order in permutations(range(4)):
+    ...         before = list(order[:order.index(i)])
+    ...         total += u(data, np.array(before + [i])) - u(data, np.array(before, dtype=int))
+    ...     return total / 24
+    >>> values = KNNShapley(k=2).fit(data)
+    >>> bool(np.allclose(values, [brute_force(i) for i in range(4)])), np.round(values, 6).tolist()
+    (True, [0.166667, 0.083333, 0.083333, 0.166667])
     """
 
     def __init__(self, k: int = 5) -> None:
@@ -260,6 +384,15 @@ class KNNShapley:
         self.k = k
 
     def fit(self, data: ValuationData) -> np.ndarray:
+        """The exact K-NN Shapley value of every training point.
+
+        Parameters:
+            data: the players (the rows of ``data.x``) and a validation set (ValueError without one).
+
+        Returns:
+            One value per training point (float64): its Shapley value under :func:`knn_utility`, averaged
+            over the validation points.
+        """
         x_val, y_val = data.require_validation("KNNShapley")
         n, k = data.n, self.k
         order = _sorted_neighbours(data.x, x_val)
@@ -284,6 +417,25 @@ def knn_leave_one_out(data: ValuationData, k: int) -> np.ndarray:
     calls: removing i only changes the utility at validation points that have i among their K nearest
     neighbours, where the (K+1)-th neighbour moves in, so u(N) − u(N ∖ {i}) = mean_j 1[i ∈ top_K(j)] ·
     (1[y_i = y_j] − 1[y_{α_{K+1}(j)} = y_j]) / K (a missing (K+1)-th neighbour counts 0).
+
+    Parameters:
+        data: the training points (players) and a validation set.
+        k: K, the number of neighbours.
+
+    Returns:
+        One value per training point (float64).
+
+    Raises ValueError when ``data`` has no validation set.
+
+    Against brute force, u(N) − u(N ∖ {i}) by :func:`knn_utility` for each of 4 points:
+
+    >>> data = ValuationData(np.array([[0.0], [1.0], [2.0], [3.0]]), np.array([0, 1, 0, 1]),
+    ...                      np.array([[0.4], [2.2]]), np.array([0, 1]))
+    >>> u, everyone = knn_utility(2), np.arange(4)
+    >>> brute_force = [u(data, everyone) - u(data, np.delete(everyone, i)) for i in range(4)]
+    >>> values = knn_leave_one_out(data, 2)
+    >>> bool(np.allclose(values, brute_force)), values.tolist()
+    (True, [0.0, -0.25, -0.25, 0.0])
     """
     x_val, y_val = data.require_validation("knn_leave_one_out")
     n = data.n
@@ -302,6 +454,30 @@ class Lava:
     label-augmented samples, each set augmented with its own class statistics — direct data access.
 
     Values are larger for more harmful points (flag g > 0, rank descending).
+
+    Parameters:
+        p: the ground cost ||x − y||^p on augmented samples, p ∈ {1, 2}.
+        potential: ``"sinkhorn"`` (default, as LAVA) or ``"exact"``
+            (:func:`~otfed.valuation.calibrated.dual_potential`).
+        diagonal: class covariances as per-feature standard deviations (default) or full square roots.
+        options: passed to :func:`~otfed.valuation.calibrated.dual_potential`.
+
+    Two well-separated classes of 6 points with two labels swapped (points 2 and 8, planted): those two get the
+    largest calibrated gradients and are the only ones flagged (g > 0), with either potential:
+
+    >>> from otfed.valuation.calibrated import flag_noisy
+    >>> rng = np.random.default_rng(0)
+    >>> y = np.repeat([0, 1], 6)
+    >>> x = rng.normal(scale=0.3, size=(12, 2)) + 3.0 * y[:, None]
+    >>> x_val = rng.normal(scale=0.3, size=(12, 2)) + 3.0 * y[:, None]
+    >>> noisy = y.copy()
+    >>> noisy[[2, 8]] = [1, 0]
+    >>> data = ValuationData(x, noisy, x_val, y)
+    >>> values = Lava().fit(data)
+    >>> np.flatnonzero(flag_noisy(values)).tolist(), np.argsort(-values)[:2].tolist()
+    ([2, 8], [2, 8])
+    >>> np.flatnonzero(flag_noisy(Lava(potential="exact").fit(data))).tolist()
+    [2, 8]
     """
 
     def __init__(self, p: int = 2, potential: Potential = "sinkhorn", diagonal: bool = True, **options) -> None:
@@ -311,6 +487,14 @@ class Lava:
         self.options = options
 
     def fit(self, data: ValuationData) -> np.ndarray:
+        """LAVA's calibrated gradient of every training point.
+
+        Parameters:
+            data: the players (the rows of ``data.x``) and a validation set (ValueError without one).
+
+        Returns:
+            One value per training point (float64); larger = more harmful, > 0 flagged (FedBary eq. 10).
+        """
         x_val, y_val = data.require_validation("Lava")
         train = augmented_measure(LabelledData("train", data.x, data.y), diagonal=self.diagonal)
         valid = augmented_measure(LabelledData("validation", x_val, y_val), diagonal=self.diagonal)

@@ -11,8 +11,8 @@ g_l > 0: moving mass to datum l increases the distance to the target, so the dat
 It is invariant to f → f + c (the dual's only non-uniqueness for a non-degenerate problem).
 
 Choice of potentials (``potential``):
-- ``"sinkhorn"`` (default): the log-domain Sinkhorn potential f of the entropic problem
-  (``otfed.ot.sinkhorn_log``, POT-equivalent to ``ot.sinkhorn(..., method="sinkhorn_log")``) with
+- ``"sinkhorn"`` (default): the dual potential f = ε log u of the entropic problem, from POT's log-domain
+  Sinkhorn ``ot.bregman.sinkhorn_log`` (= ``ot.sinkhorn(..., method="sinkhorn_log")``) with
   ε = ``eps_rel`` · mean(M), eps_rel = 0.1 by default. The entropic dual is unique up to a constant and
   smooth in the data; LAVA makes the same choice (geomloss Sinkhorn, ε = 0.1 on ||x − y||²/2).
 - ``"exact"``: the network-simplex duals of POT ``ot.emd(a, b, M, log=True)`` (log["u"]). By
@@ -32,7 +32,7 @@ import numpy as np
 import ot
 
 from otfed.errors import OTConvergenceError
-from otfed.ot import Measure, cost_matrix, sinkhorn_log
+from otfed.ot import Measure, cost_matrix
 from otfed.ot.exact import DEFAULT_NUM_ITERMAX
 
 Potential = Literal["sinkhorn", "exact"]
@@ -43,6 +43,25 @@ def calibrated_gradient(f: np.ndarray) -> np.ndarray:
 
     Equivalently g = (1 + 1/(m−1)) f − Σ_j f_j/(m−1) = m/(m−1) · (f − mean f). Shift-invariant.
     For m = 2 and f = (a, b): g = (a − b, b − a).
+
+    Parameters:
+        f: the dual potential on the m ≥ 2 data points, a finite 1-D array (:func:`dual_potential`).
+
+    Returns:
+        The m calibrated gradients g, a float64 array; g_l > 0 marks a datum whose extra mass would increase
+        the distance.
+
+    Raises ValueError for a potential that is not 1-D, has fewer than 2 entries, or holds NaN / inf.
+
+    By hand: m = 2 gives (a − b, b − a); for f = (1, 4, 7), g_1 = 1 − (4 + 7)/2 = −4.5, g_2 = 4 − (1 + 7)/2 = 0,
+    g_3 = 7 − (1 + 4)/2 = 4.5, and adding a constant to f changes nothing:
+
+    >>> calibrated_gradient(np.array([1.0, 4.0])).tolist()
+    [-3.0, 3.0]
+    >>> calibrated_gradient(np.array([1.0, 4.0, 7.0])).tolist()
+    [-4.5, 0.0, 4.5]
+    >>> calibrated_gradient(np.array([1.0, 4.0, 7.0]) + 5.0).tolist()
+    [-4.5, 0.0, 4.5]
     """
     f = np.asarray(f, dtype=np.float64)
     if f.ndim != 1:
@@ -61,10 +80,51 @@ def dual_potential(source: Measure, target: Measure, p: int = 2, potential: Pote
     """The dual potential f on ``source``'s atoms of OT(source, target) for the cost ||x − y||^p.
 
     ``potential="exact"``: network-simplex duals (POT ``ot.emd`` with ``log=True``); raises
-    :class:`OTConvergenceError` when the solver stops before optimality. ``"sinkhorn"`` (default): log-domain
-    Sinkhorn potential with ε = ``eps_rel`` · mean cost, run until the row-marginal L1 error ≤ ``tol``
-    (raises when it does not converge within ``max_iter``). f is returned
-    centred (mean 0); only its differences carry information.
+    :class:`OTConvergenceError` when the solver stops before optimality. ``"sinkhorn"`` (default): the
+    log-domain Sinkhorn potential f = ε log u of POT's ``ot.bregman.sinkhorn_log`` with ε = ``eps_rel`` · mean
+    cost, so that the entropic plan is P_ij = exp((f_i + g_j − M_ij)/ε). Each of at most ``max_iter``
+    iterations updates g then f (after which the row marginal is exact); every 10th iteration POT measures
+    the column-marginal error ||Pᵀ1 − b||₂ (Euclidean norm) and stops once it is < ``tol``. Raises
+    :class:`OTConvergenceError` when the last error POT measured is not below ``tol`` (``max_iter`` ran
+    out, or NaN). f is returned centred (mean 0); only its differences carry information.
+
+    Parameters:
+        source: the measure whose atoms get potentials (FedBary: the client's P_i).
+        target: the measure it is transported to (FedBary: the last η_{Q_i}; LAVA: the validation set).
+        p: the ground cost ||x − y||^p, p ∈ {1, 2}; the potentials are those of W_p^p.
+        potential: ``"sinkhorn"`` (default, entropic) or ``"exact"`` (network simplex).
+        eps_rel: Sinkhorn's ε relative to the mean cost (> 0).
+        max_iter: Sinkhorn's iteration cap (≥ 1).
+        tol: Sinkhorn's stopping threshold on ||Pᵀ1 − b||₂.
+        num_itermax: the network simplex's iteration cap.
+
+    Returns:
+        f, a float64 array with one entry per atom of ``source``, centred (mean 0).
+
+    Raises ValueError for measures of different dimensions, an unknown ``potential``, ε ≤ 0 or ``max_iter`` < 1.
+
+    By LP duality f_l − f_k is the derivative of W_p^p when mass moves from atom k to atom l (FedBary eq. 9) —
+    here against finite differences of POT's exact ``ot.emd2`` on a non-degenerate problem (one split row):
+
+    >>> import ot
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.5], [2.5]])
+    >>> f = dual_potential(Measure.uniform(x), Measure.uniform(y), potential="exact")
+    >>> a, b, M = np.full(3, 1 / 3), np.full(2, 1 / 2), ot.dist(x, y)
+    >>> def slope(k, l, step=1e-4):  # d W₂² / d(mass moved from atom k to atom l)
+    ...     moved = a.copy()
+    ...     moved[k], moved[l] = moved[k] - step, moved[l] + step
+    ...     return (ot.emd2(moved, b, M) - ot.emd2(a, b, M)) / step
+    >>> bool(np.isclose(slope(1, 0), f[0] - f[1], atol=1e-8)), bool(np.isclose(slope(1, 2), f[2] - f[1]))
+    (True, True)
+    >>> np.round(f, 6).tolist()
+    [0.666667, 0.666667, -1.333333]
+
+    Against a single Dirac every plan is a ⊗ δ, so both potentials are the costs to it, centred:
+
+    >>> source = Measure.uniform(np.array([[0.0, 0.0], [0.1, 0.0], [0.0, 0.2], [3.0, 4.0]]))
+    >>> cost = (source.support ** 2).sum(axis=1)
+    >>> bool(np.allclose(dual_potential(source, Measure.uniform(np.zeros((1, 2)))), cost - cost.mean()))
+    True
     """
     if source.dim != target.dim:
         raise ValueError(f"measures live in different dimensions: {source.dim} vs {target.dim}")
@@ -80,10 +140,23 @@ def dual_potential(source: Measure, target: Measure, p: int = 2, potential: Pote
         f = np.asarray(log["u"], dtype=np.float64) * scale
     elif potential == "sinkhorn":
         eps = eps_rel * float(M.mean()) if M.mean() > 0 else eps_rel
-        _, f, _, converged = sinkhorn_log(source.weights, target.weights, M, eps, max_iter=max_iter, tol=tol)
-        if not converged:
-            raise OTConvergenceError(f"Sinkhorn (ε = {eps:.3g}) did not converge in {max_iter} iterations; "
-                                     f"raise eps_rel or max_iter")
+        if not eps > 0:
+            raise ValueError(f"eps_rel must be > 0, got {eps_rel!r}")
+        if int(max_iter) < 1:
+            raise ValueError(f"max_iter must be >= 1, got {max_iter!r}")
+        # POT's non-convergence warning becomes the OTConvergenceError below (other warnings pass); its log also
+        # holds u = exp(f/ε), which overflows for small ε: only log u is used
+        with warnings.catch_warnings(), np.errstate(over="ignore"):
+            warnings.filterwarnings("ignore", message="Sinkhorn did not converge", category=UserWarning)
+            _, log = ot.bregman.sinkhorn_log(source.weights, target.weights, M, eps, numItermax=int(max_iter),
+                                             stopThr=tol, log=True)
+        # POT checks at iterations 0, 10, 20, … and breaks right after an error below stopThr; otherwise the
+        # last error it logged is ≥ tol (or NaN) and it ran all max_iter iterations
+        last = float(log["err"][-1])
+        if not last < tol:
+            raise OTConvergenceError(f"Sinkhorn (ε = {eps:.3g}) did not converge in {max_iter} iterations "
+                                     f"(marginal error {last:.3g} ≥ tol {tol:g}); raise eps_rel or max_iter")
+        f = eps * np.asarray(log["log_u"], dtype=np.float64)
     else:
         raise ValueError(f"unknown potential {potential!r}; allowed values: exact, sinkhorn")
     return f - f.mean()
@@ -96,12 +169,50 @@ def datum_values(private: Measure, reference: Measure, p: int = 2, potential: Po
     FedBary: ``private`` = the client's P_i and ``reference`` = η_{Q_i}, the server's last interpolating
     measure (client-side, no data leaves the client). LAVA: ``reference`` = the validation set itself.
     Larger = more harmful; see :func:`flag_noisy` and :func:`rank_by_value`.
+
+    Parameters:
+        private: the client's data as a measure (≥ 2 atoms), e.g. label-augmented
+            (:func:`otfed.ot.otdd.augmented_measure`).
+        reference: the measure it is compared with, of the same dimension.
+        p: the ground cost ||x − y||^p, p ∈ {1, 2}.
+        potential: ``"sinkhorn"`` (default) or ``"exact"`` (:func:`dual_potential`).
+        options: passed to :func:`dual_potential` (``eps_rel``, ``max_iter``, ``tol``, ``num_itermax``).
+
+    Returns:
+        One calibrated gradient per atom of ``private`` (float64); positive = flagged by :func:`flag_noisy`.
+
+    Raises as :func:`dual_potential` and :func:`calibrated_gradient`.
+
+    Closed form: against a single Dirac r the potential is f_l = ||x_l − r||² up to a constant, so the values
+    are m/(m − 1) · (c − mean c) with c the squared distances to r — the planted outlier at (3, 4) alone is
+    positive, for both potentials:
+
+    >>> private = Measure.uniform(np.array([[0.0, 0.0], [0.1, 0.0], [0.0, 0.2], [3.0, 4.0]]))
+    >>> reference = Measure.uniform(np.zeros((1, 2)))
+    >>> c = (private.support ** 2).sum(axis=1)
+    >>> values = datum_values(private, reference)
+    >>> bool(np.allclose(values, 4 / 3 * (c - c.mean())))
+    True
+    >>> bool(np.allclose(datum_values(private, reference, potential="exact"), values))
+    True
+    >>> flag_noisy(values).tolist()
+    [False, False, False, True]
     """
     return calibrated_gradient(dual_potential(private, reference, p=p, potential=potential, **options))
 
 
 def flag_noisy(values: np.ndarray) -> np.ndarray:
-    """FedBary's detection rule: flag every datum with a positive calibrated gradient (boolean mask)."""
+    """FedBary's detection rule: flag every datum with a positive calibrated gradient (boolean mask).
+
+    Parameters:
+        values: calibrated gradients (FedBary eq. 10), e.g. :func:`datum_values`.
+
+    Returns:
+        A boolean array, True where the value is > 0 (zero is not flagged).
+
+    >>> flag_noisy(np.array([-1.5, 0.0, 2.0, 1e-9])).tolist()
+    [False, False, True, True]
+    """
     return np.asarray(values, dtype=np.float64) > 0
 
 

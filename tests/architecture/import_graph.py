@@ -1,13 +1,15 @@
 """The project's import graph, read from the source (``ast``), for the architecture contract and for
 ``dvc.yaml``'s code deps.
 
-Every ``import`` / ``from … import`` of every module in ``otfed/``, ``stages/``, ``flows/`` and ``bench/``
-is recorded with where it sits: at module level, inside a function (``function``), under
+Every ``import`` / ``from … import`` of every module in ``otfed/``, ``stages/``, ``flows/``, ``bench/``,
+``studies/`` and ``gpu/`` is recorded with where it sits: at module level, inside a function (``function``), under
 ``if TYPE_CHECKING:`` (``type_checking``, annotations only) or under ``if __name__ == "__main__":``
-(``main``, the entry point DVC runs).
+(``main``, a module's own command line).
 
-``python -m tests.architecture.import_graph <stage>`` prints the project files a stage's code needs —
-what its ``dvc.yaml`` deps must cover.
+Every ``dvc.yaml`` stage runs the one entry point, :data:`RUNNER` (``python -m flows.stage <stage>``:
+:func:`stage_command`), which loads the stage module ``stages/<stage>.py`` by name. ``python -m
+tests.architecture.import_graph <stage>`` prints the project files that command's code needs — what the stage's
+``dvc.yaml`` deps must cover.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("otfed", "stages", "flows", "bench")
-RUNNER = "flows.stage"  # every stage runs through it
+PACKAGES = ("otfed", "stages", "flows", "bench", "studies", "gpu")
+RUNNER = "flows.stage"  # the one entry point: every dvc.yaml cmd runs it (stage_command)
 
 
 @dataclass(frozen=True)
@@ -124,10 +126,16 @@ def closure(roots: set[str], where: frozenset[str] = frozenset({"module", "funct
     return seen
 
 
+def stage_command(stage: str) -> str:
+    """The ``dvc.yaml`` cmd of ``stage``: the runner, given the stage's name."""
+    return f"python -m {RUNNER} {stage}"
+
+
 def stage_code(stage: str) -> set[str]:
-    """The project modules whose code runs when DVC runs ``stage``: the stage module, the runner, and what
-    they import — but not the other stage modules, which the runner's params model only reads for their
-    params types (``stages.params`` discovers them at run time)."""
+    """The project modules whose code runs when DVC runs ``stage`` (:func:`stage_command`): the runner, the
+    stage module it loads by name (``stages.params.stage``), and what they import — but not the other stage
+    modules, which the runner's params model only reads for their params types (``stages.params`` discovers
+    them at run time)."""
     others = frozenset(m for m in modules() if m.startswith("stages.") and m not in
                        {f"stages.{stage}", "stages.stage", "stages.params", "stages.layout"})
     return closure({f"stages.{stage}", RUNNER}, skip=others)
@@ -136,7 +144,6 @@ def stage_code(stage: str) -> set[str]:
 def stage_files(stage: str) -> list[str]:
     """:func:`stage_code` as repository paths, sorted."""
     return sorted(str(modules()[m].relative_to(REPO)) for m in stage_code(stage))
-
 
 
 def compact_deps(stage: str) -> list[str]:

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.architecture.import_graph import REPO, compact_deps, imports_of, modules
+from tests.architecture.import_graph import REPO, imports_of, modules
+from tests.architecture.stage_contract import (cmd_problems, code_deps_problems, is_code, outs_problems,
+                                               params_deps_problems)
 
 # otfed's layers, high → low. A module may import its own subpackage and anything in a lower layer;
 # subpackages sharing a layer are independent of each other.
@@ -59,7 +61,7 @@ def test_every_otfed_module_is_in_a_layer() -> None:
 
 def test_otfed_is_a_pure_library() -> None:
     bad = [f"{_where(i)} imports {i.target}" for i in _all_imports("otfed")
-           if i.target.split(".")[0] in {"stages", "flows", "bench", "tests", *PIPELINE_ONLY}]
+           if i.target.split(".")[0] in {"stages", "flows", "bench", "studies", "gpu", "tests", *PIPELINE_ONLY}]
     assert not bad, "otfed/ must not import the pipeline, Prefect or MLflow:\n" + "\n".join(bad)
 
 
@@ -90,15 +92,19 @@ def test_otfed_module_graph_has_no_cycle() -> None:
         pytest.fail(f"import cycle in otfed: {' → '.join(exc.args[1])}")
 
 
-def test_stages_use_neither_prefect_nor_mlflow_and_reach_flows_only_from_their_entry_point() -> None:
-    bad = []
-    for imp in _all_imports("stages"):
-        top = imp.target.split(".")[0]
-        if top in PIPELINE_ONLY:
-            bad.append(f"{_where(imp)} imports {imp.target}")
-        if top == "flows" and imp.where != "main":
-            bad.append(f"{_where(imp)} imports {imp.target} outside `if __name__ == '__main__':`")
+def test_stages_use_neither_prefect_nor_mlflow() -> None:
+    bad = [f"{_where(i)} imports {i.target}" for i in _all_imports("stages") if i.target.split(".")[0] in PIPELINE_ONLY]
     assert not bad, "\n".join(bad)
+
+
+def test_stages_never_import_flows() -> None:
+    """One entry point: the runner (``python -m flows.stage <name>``) imports the stages, never the other way —
+    no module under stages/ imports flows, at module level, inside a function, under ``TYPE_CHECKING`` or in
+    an ``if __name__ == "__main__":`` block."""
+    bad = [f"{_where(i)} imports {i.target} ({i.where})" for i in _all_imports("stages")
+           if i.target.split(".")[0] == "flows"]
+    assert not bad, ("stages/ must not import flows/ (the runner, flows/stage.py, imports the stages; dvc.yaml runs "
+                     "`python -m flows.stage <name>`):\n" + "\n".join(bad))
 
 
 def test_stages_do_not_reach_into_each_other() -> None:
@@ -119,59 +125,58 @@ PIPELINE_BENCHES = {"scale_out.py", "fedbary_scale_out.py", "worker_environ.py",
 
 def test_bench_uses_the_library_only() -> None:
     bad = [f"{_where(i)} imports {i.target}" for i in _all_imports("bench")
-           if i.target.split(".")[0] in {"stages", "flows", *PIPELINE_ONLY}
-           and Path(_where(i).split(":")[0]).name not in PIPELINE_BENCHES]
+           if i.target.split(".")[0] in {"studies", "gpu"}
+           or (i.target.split(".")[0] in {"stages", "flows", *PIPELINE_ONLY}
+               and Path(_where(i).split(":")[0]).name not in PIPELINE_BENCHES)]
+    assert not bad, "\n".join(bad)
+
+
+def test_studies_use_the_library_only() -> None:
+    """A study asks a question of the methods (otfed), not of the pipeline that runs them; nor does it import a
+    benchmark or the GPU tooling."""
+    bad = [f"{_where(i)} imports {i.target}" for i in _all_imports("studies")
+           if i.target.split(".")[0] in {"stages", "flows", "bench", "gpu", *PIPELINE_ONLY}]
     assert not bad, "\n".join(bad)
 
 
 # ---------------------------------------------------------------------------------------------- dvc.yaml
+# (the checks are the stage checklist's, tests/architecture/stage_contract.py; test_stage_contract.py runs all of
+# them on every stage at once)
 def _dvc_stages() -> dict:
     return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-
-
-def _is_code(dep: str) -> bool:
-    return dep.endswith(".py") or dep.split("/")[0] in {"otfed", "stages", "flows"}
 
 
 def test_every_stage_module_is_a_dvc_stage_and_back() -> None:
     from stages.params import stages
 
     assert set(_dvc_stages()) == set(stages())
-    for name, stage in _dvc_stages().items():
-        assert stage["cmd"] == f"python -m stages.{name}"
+    for stage in stages().values():
+        assert not cmd_problems(stage), f"dvc.yaml stage {stage.name}: {cmd_problems(stage)}"
 
 
 @pytest.mark.parametrize("name", sorted(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]))
 def test_dvc_code_deps_are_what_the_stage_imports(name: str) -> None:
-    """The code deps of a stage in dvc.yaml are derived from its imports (regenerate with
-    ``python -m tests.architecture.import_graph <stage>``): none missing, none stale."""
-    listed = sorted(d for d in _dvc_stages()[name]["deps"] if _is_code(d))
-    expected = compact_deps(name)
-    assert listed == expected, (f"dvc.yaml stage {name}: code deps differ from its imports.\n"
-                                f"missing: {sorted(set(expected) - set(listed))}\n"
-                                f"stale:   {sorted(set(listed) - set(expected))}\n"
-                                f"regenerate: python -m tests.architecture.import_graph {name}")
+    """The code deps of a stage in dvc.yaml are derived from the imports of the runner and the stage module
+    (regenerate with ``python -m tests.architecture.import_graph <stage>``): none missing, none stale."""
+    from stages.params import stage
+
+    problems = code_deps_problems(stage(name))
+    assert not problems, f"dvc.yaml stage {name}: {problems[0]}"
 
 
 @pytest.mark.parametrize("name", sorted(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]))
 def test_dvc_outs_and_params_are_the_stage_declaration(name: str) -> None:
-    """Output folders are declared once (stages/layout.py via each STAGE); dvc.yaml's outs are exactly them,
-    and its params are the run keys results depend on, the stage's group and what the stage declares it reads."""
-    from stages.params import RUN_RESULT_KEYS, stage
+    """Output folders are declared once (stages/layout.py via each STAGE); dvc.yaml's outs are exactly them, each
+    ``persist: true`` (DVC must not delete an output before the command runs: the runner's staged swap replaces
+    outputs only on success), and its params are the run keys results depend on, the stage's group and what the
+    stage declares it reads."""
+    from stages.params import stage
 
-    declared = stage(name)
-    dvc = _dvc_stages()[name]
-    outs = {next(iter(o)) if isinstance(o, dict) else o for o in dvc["outs"]}
-    assert outs == set(declared.outputs)
-    assert set(dvc["params"]) == {*RUN_RESULT_KEYS, name, *declared.reads}
-    # DVC must not delete an output before the command runs (a failed run would lose it): the runner's
-    # staged swap replaces outputs only on success
-    not_persistent = [o if isinstance(o, str) else next(iter(o)) for o in dvc["outs"]
-                      if not (isinstance(o, dict) and next(iter(o.values())).get("persist") is True)]
-    assert not not_persistent, f"dvc.yaml stage {name}: outs without persist: true: {not_persistent}"
+    problems = outs_problems(stage(name)) + params_deps_problems(stage(name))
+    assert not problems, f"dvc.yaml stage {name}: " + "; ".join(problems)
 
 
 def test_code_deps_exist() -> None:
     for name, stage in _dvc_stages().items():
-        for dep in filter(_is_code, stage["deps"]):
+        for dep in filter(is_code, stage["deps"]):
             assert (REPO / dep).exists(), f"dvc.yaml stage {name}: dep {dep} does not exist"

@@ -102,16 +102,10 @@ def test_the_entry_points_runnable_examples_pass() -> None:
     """The docstring examples of federated_wasserstein, federated_otdd, federated_valuation and valuation_spread
     run (each checks its result against an independent truth: POT's exact solver, the planted outlier client,
     identical clients' symmetric share)."""
-    import doctest
-    import importlib
+    from tests.docstring_examples import example_report, missing_sections
 
-    # importlib: the package exports a function named like its module (otfed.federation.fedwad is the function)
     for name, entry in (("fedwad", "federated_wasserstein"), ("otdd", "federated_otdd"),
                         ("fedbary", "federated_valuation"), ("fedbary", "valuation_spread")):
-        module = importlib.import_module(f"otfed.federation.{name}")
-        finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-        tests = [t for t in finder.find(module) if t.name.endswith(f".{entry}")]
-        assert tests and tests[0].examples, f"{module.__name__}.{entry} has no example"
-        for test in tests:
-            runner.run(test)
-        assert runner.summarize(verbose=False).failed == 0, entry
+        report = example_report(f"otfed.federation.{name}", entry)
+        assert not report, report
+        assert not missing_sections(f"otfed.federation.{name}", entry), entry

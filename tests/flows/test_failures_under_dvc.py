@@ -128,7 +128,7 @@ def test_a_stage_killed_mid_run_loses_nothing_and_leaves_no_process(project: Pat
         # the Python process itself: without $SHELL, DVC runs the command through /bin/sh (dash), which
         # stays as its parent with the same command line
         stage = next(c for c in psutil.Process(proc.pid).children(recursive=True)
-                     if "stages.partition" in " ".join(c.cmdline()) and c.name().startswith("python"))
+                     if "flows.stage partition" in " ".join(c.cmdline()) and c.name().startswith("python"))
         stage.send_signal(signal.SIGTERM)
     out, _ = finished(proc, f"`dvc repro` to exit after the {how}", STOP_S)
     text = "".join(lines) + out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pandas as pd
@@ -13,7 +14,7 @@ from flows.pipeline import dvc_command
 from flows.stage import fan_out, main, run_stage
 from otfed.errors import DataFileError
 from stages.params import validate_params
-from stages.stage import Job, Stage
+from stages.stage import Job, Results, Stage
 from stages.noisy_removal import NoisyRemovalParams
 
 PARAMS = {"run": {"seed": 0, "device": "cpu", "task_runner": "sequential", "max_workers": 1},
@@ -31,16 +32,17 @@ def test_fan_out_outside_a_flow_runs_in_order_without_a_server() -> None:
 def _stage(out: str, fail: bool) -> Stage:
     """A stage shaped like the real ones, writing one table and one file into two staged folders."""
     def jobs(p, dirs):
-        return [Job(f"job {i}", lambda i: (dirs[f"{out}/data"] / f"{i}.txt").write_text(str(i)) and i, dict(i=i))
-                for i in range(3)]
+        return [Job(f"job {i}", lambda i: (dirs[f"{out}/data"] / f"{i}.txt").write_text(str(i)) and i, dict(i=i),
+                    key=("job", i)) for i in range(3)]
 
     def report(p, results, rep, dirs):
-        rep.table(pd.DataFrame({"i": results}), "rows.csv")
+        assert list(results) == [("job", 0), ("job", 1), ("job", 2)] and results[("job", 2)] == 2
+        rep.table(pd.DataFrame({"i": results.of("job")}), "rows.csv")
         if fail:
             raise DataFileError("data/raw/x.npz: broken on purpose")
         with rep.variant("v/1", tags={"k": "v"}) as child:
             child.log_metrics({"score": 1.0})
-        return {"n": len(results), "nested": {"total": float(sum(results))}}
+        return {"n": len(results), "nested": {"total": float(sum(results.values()))}}
 
     return Stage(name="noisy_removal", params=NoisyRemovalParams, outputs=(f"{out}/reports", f"{out}/data"),
                  jobs=jobs, report=report, reads=("partition.federations",))
@@ -87,7 +89,7 @@ def test_a_stage_runs_blas_on_one_thread_in_every_task_thread(tmp_path: Path, ml
     p = validate_params(PARAMS)
     stage = Stage(name="noisy_removal", params=NoisyRemovalParams, outputs=("out/reports",),
                   jobs=lambda p, dirs: [Job(f"job {i}", _blas_threads) for i in range(4)],
-                  report=lambda p, results, rep, dirs: {"seen": sorted({n for r in results for n in r})})
+                  report=lambda p, results, rep, dirs: {"seen": sorted({n for r in results.values() for n in r})})
     with threadpool_limits(limits=2, user_api="blas"):
         assert set(_blas_threads()) == {2}
         metrics = flow(task_runner=runners.task_runner("thread", 2), validate_parameters=False)(
@@ -193,3 +195,89 @@ def test_a_failing_task_ends_in_one_error_line_naming_it(tmp_path: Path, mlflow_
     assert "Traceback" not in err
     assert "Traceback" in (tmp_path / ".prefect" / "logs" / "noisy_removal.log").read_text()
     assert Path("out/reports/old.csv").read_text() == "kept\n" and not list(Path("out").glob(".*"))
+
+
+# ------------------------------------------------------------------------- the one entry point: the cli
+def test_the_command_line_takes_a_stage_name_and_verbose(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """``python -m flows.stage <name> [--verbose]`` (every dvc.yaml cmd) hands the name to :func:`main`; no name,
+    two names or another option → one ``error:`` line with the usage and the stages, exit 2, nothing run."""
+    import flows.stage
+    from stages.params import stages
+
+    calls = []
+    monkeypatch.setattr(flows.stage, "main", lambda stage, argv=None: calls.append((stage, argv)) or 0)
+    assert flows.stage.cli(["distill"]) == 0 and flows.stage.cli(["--verbose", "partition"]) == 0
+    assert calls == [("distill", ["distill"]), ("partition", ["--verbose", "partition"])]
+    for argv in ([], ["distill", "partition"], ["distill", "--params", "x.yaml"]):
+        assert flows.stage.cli(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: usage: python -m flows.stage <stage> [--verbose]")
+        assert err[0].endswith(f"stages: {', '.join(sorted(stages()))}")
+    assert len(calls) == 2
+
+
+def test_the_command_line_names_an_unknown_stage(capsys: pytest.CaptureFixture) -> None:
+    from flows.stage import cli
+
+    assert cli(["nosuchstage"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown stage 'nosuchstage'; stages: ")
+
+
+# ------------------------------------------------------------------------------------------ job keys
+def test_results_find_each_job_by_key_in_job_order() -> None:
+    jobs = [Job("gate sa", _number, dict(text="1"), key=("gate", "sa")),
+            Job("sa/global", _number, dict(text="2"), key=("global", "sa")),
+            Job("sa/Sinkhorn-E", _number, dict(text="3"), key=("student", "sa", "Sinkhorn-E")),
+            Job("sa/Entropy-E", _number, dict(text="4"), key=("student", "sa", "Entropy-E")),
+            Job("erc/Sinkhorn-E", _number, dict(text="5"), key=("student", "erc", "Sinkhorn-E")),
+            Job("outlier", _number, dict(text="6"), key="outlier"),
+            Job("plain", _number, dict(text="7"))]  # no key: its name
+    results = Results.of_jobs(jobs, fan_out(jobs), "distill")
+    assert list(results) == [job.key for job in jobs] and list(results.values()) == [1, 2, 3, 4, 5, 6, 7]
+    assert results[("gate", "sa")] == 1 and results["outlier"] == 6 and results["plain"] == 7
+    assert results.of("student") == [3, 4, 5] and results.of("student", "sa") == [3, 4]
+    assert results.of("outlier") == [6] and results.of("student", "nli") == [] and len(results.of()) == 7
+    assert results.by("student", "sa") == {"Sinkhorn-E": 3, "Entropy-E": 4}
+    assert results.by("student") == {("sa", "Sinkhorn-E"): 3, ("sa", "Entropy-E"): 4, ("erc", "Sinkhorn-E"): 5}
+    with pytest.raises(KeyError, match=r"stage distill: no job has the key \('gate', 'nli'\) \(kinds of key: 'gate', "
+                                       r"'global', 'student', 'outlier', 'plain'\)"):
+        results[("gate", "nli")]
+    assert ("gate", "nli") not in results and results.get(("gate", "nli")) is None
+    with pytest.raises(TypeError):
+        results[("gate", "sa")] = 0  # read-only
+    more = Results.of_jobs([Job("fl", _number, dict(text="8"), key=("fl", 0))], [8], "distill")
+    assert list((results + more).values()) == [1, 2, 3, 4, 5, 6, 7, 8]
+    with pytest.raises(ValueError, match=r"stage distill: two results have the key 'outlier'"):
+        results + Results([("outlier", 0)], "distill")
+    with pytest.raises(TypeError):
+        Job("unhashable", _number, key=["pair", "a"])
+
+
+def _duplicate_stage(first: list[Job], more: list[Job] | None = None) -> Stage:
+    return Stage(name="noisy_removal", params=NoisyRemovalParams, outputs=("out/reports",),
+                 jobs=lambda p, dirs: first, report=lambda p, results, rep, dirs: {"n": len(results)},
+                 followups=None if more is None else (lambda p, results: more))
+
+
+def test_two_jobs_with_one_key_stop_the_stage_before_any_runs(tmp_path: Path, mlflow_uri: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key given twice — among the first jobs, or a follow-up repeating a first job's key — is a ValueError naming
+    the stage, the key and both jobs; no job of that list runs and no output is swapped in."""
+    monkeypatch.chdir(tmp_path)
+    p = validate_params(PARAMS)
+    ran: list[str] = []
+
+    def job(name: str, key: Any) -> Job:
+        return Job(name, lambda: ran.append(name), key=key)
+
+    with pytest.raises(ValueError, match=r"^stage noisy_removal: two jobs have the key \('pair', 'c1', 'c3'\) "
+                                         r"\('pair c1\|c3' and 'again c1\|c3'\)"):
+        run_stage(_duplicate_stage([job("pair c1|c3", ("pair", "c1", "c3")), job("other", ("pair", "c1", "c2")),
+                                    job("again c1|c3", ("pair", "c1", "c3"))]), p)
+    assert ran == [] and not Path("out/reports").exists() and not list(Path("out").glob(".*"))
+    with pytest.raises(ValueError, match=r"^stage noisy_removal: two jobs have the key 'outlier' \('outlier' and "
+                                         r"'fl outlier'\)"):
+        run_stage(_duplicate_stage([job("outlier", None)], [job("fl outlier", "outlier")]), p)
+    assert ran == ["outlier"] and not Path("out/reports").exists()  # the first jobs ran; the follow-ups did not
+    assert run_stage(_duplicate_stage([job("a", ("x", 1))], [job("b", ("x", 2))]), p) == {"n": 2}

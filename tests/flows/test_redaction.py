@@ -63,7 +63,8 @@ def test_a_failing_stage_and_the_doctor_never_print_the_password(tmp_path: Path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = clean_env(MLFLOW_TRACKING_URI=f"http://alice:{SECRET}@127.0.0.1:9", OTFED_HOME=str(tmp_path),
                     MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5")
-    stage = completed([sys.executable, "-m", "stages.partition"], "the stage to fail", 600, cwd=tmp_path, env=env)
+    stage = completed([sys.executable, "-m", "flows.stage", "partition"], "the stage to fail", 600, cwd=tmp_path,
+                      env=env)
     assert stage.returncode != 0
     assert "error:" in stage.stderr
     assert "127.0.0.1:9" in stage.stderr + stage.stdout or "mlflow" in (stage.stderr + stage.stdout).lower()

@@ -1,4 +1,4 @@
-"""The library's torch paths on a CUDA GPU (marked ``gpu``: skipped where torch sees none; ``bench/gpu_check.sh``
+"""The library's torch paths on a CUDA GPU (marked ``gpu``: skipped where torch sees none; ``gpu/gpu_check.sh``
 runs them). Each is checked against an independent truth computed on the CPU: FedAvg's accuracy and weights, the
 Sinkhorn loss against POT (``ot.sinkhorn2``, ``ot.emd2``), one teacher and one student training run against the
 same run on the CPU — and model parameters, batches and outputs stay on the GPU while they run. The hot loops

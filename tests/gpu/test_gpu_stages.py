@@ -1,4 +1,4 @@
-"""The pipeline's torch stages on a CUDA GPU (marked ``gpu``: skipped where torch sees none; ``bench/gpu_check.sh``
+"""The pipeline's torch stages on a CUDA GPU (marked ``gpu``: skipped where torch sees none; ``gpu/gpu_check.sh``
 runs them), on the tiny params of the stage tests with ``run.device: cuda``:
 
 * the text track — partition → train_teachers → estimate_bias → distill — completes, every model it builds or

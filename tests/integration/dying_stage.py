@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from stages.partition import STAGE as PARTITION
-from stages.stage import Job, Report, Stage
+from stages.stage import Job, Report, Results, Stage
 
 
 def fine() -> int:
@@ -23,10 +23,10 @@ def doomed() -> int:
 
 
 def jobs(p: Any, dirs: Mapping[str, Path]) -> list[Job]:
-    return [Job("fine", fine), Job("doomed", doomed)]
+    return [Job("fine", fine, key="fine"), Job("doomed", doomed, key="doomed")]
 
 
-def report(p: Any, results: list[Any], out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
+def report(p: Any, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
     return {"jobs": len(results)}
 
 

@@ -7,12 +7,11 @@ Each run writes a file named after its MLflow run id into ``MEETING_DIR`` right 
 waits for ``MEETING_SIZE`` files; after ``MEETING_TIMEOUT_S`` (a ceiling that only catches a run that never
 comes: the test sets it from tests/ceilings.py; default 240) it fails the stage, saying how many runs were open.
 A run arriving after the meeting (a third queued experiment) finds the files there and goes on. Everything
-else is the stage's own ``python -m stages.<stage>``."""
+else is the stage's own ``python -m flows.stage <stage>``."""
 from __future__ import annotations
 
 import os
 import runpy
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +38,5 @@ def _meeting_run(*args: Any, **kwargs: Any) -> Iterator[Any]:
 
 
 if __name__ == "__main__":
-    stage = sys.argv[1]
     tracking.stage_run = _meeting_run  # flows.stage opens its run as tracking.stage_run(...)
-    sys.argv = [sys.argv[0], *sys.argv[2:]]
-    runpy.run_module(f"stages.{stage}", run_name="__main__", alter_sys=True)
+    runpy.run_module("flows.stage", run_name="__main__", alter_sys=True)  # sys.argv[1:]: <stage> [--verbose]

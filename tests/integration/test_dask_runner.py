@@ -3,7 +3,7 @@
 
 A real ``dask scheduler`` and two ``dask worker`` processes are started on 127.0.0.1 (ephemeral ports,
 scheduler file) in a throw-away project holding tiny params; every stage runs as the user runs it,
-``python -m stages.<name>`` (its own Prefect flow and temporary server), once per runner. The outputs are
+``python -m flows.stage <name>`` (its own Prefect flow and temporary server), once per runner. The outputs are
 compared byte for byte — the reports (tables, figures, metrics.json) and, for the text stage, the saved
 models and the teachers' messages.
 """
@@ -61,8 +61,8 @@ def _portable_exports() -> dict[str, str]:
 
 
 def _stage(root: Path, name: str) -> subprocess.CompletedProcess:
-    """``python -m stages.<name>`` in ``root``, once it has exited (a hang fails at ``ceiling(STAGE_S)``)."""
-    return completed([sys.executable, "-m", f"stages.{name}"], f"the stage {name} to exit", STAGE_S, cwd=root,
+    """``python -m flows.stage <name>`` in ``root``, once it has exited (a hang fails at ``ceiling(STAGE_S)``)."""
+    return completed([sys.executable, "-m", "flows.stage", name], f"the stage {name} to exit", STAGE_S, cwd=root,
                      env=_env(root))
 
 

@@ -103,7 +103,8 @@ def _run_partition(root: Path, address: str, **env: str) -> subprocess.Completed
     params = tiny_params(root)
     params["run"].update(task_runner="dask", max_workers=1, dask_address=address)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    return completed([sys.executable, "-m", "stages.partition"], "the stage partition to exit", STAGE_S, cwd=root,
+    return completed([sys.executable, "-m", "flows.stage", "partition"], "the stage partition to exit", STAGE_S,
+                     cwd=root,
                      env=clean_env(OTFED_HOME=str(root), PYTHONPATH=str(REPO), **env))
 
 

@@ -1,9 +1,9 @@
-"""prefect.yaml's GPU deployment path, run for real on the CPU: ``bench/gpu_session.sh worker-start`` (what a GPU
+"""prefect.yaml's GPU deployment path, run for real on the CPU: ``gpu/gpu_session.sh worker-start`` (what a GPU
 node runs, there with the device kit) starts a Prefect server on a free port, creates work pool otfed-gpu,
 deploys ``pipeline-gpu`` from ``prefect.yaml``, runs it for the partition stage through a process worker (the
 flow runs ``dvc repro partition`` in a copy of the checkout without git history), and exits 0 only when the
 flow run ends Completed; ``collect`` bundles the logs. With no CUDA device the torch code would take the CPU:
-this checks the orchestration, not the GPU (bench/gpu_session.sh on a GPU node does that). The test waits on the
+this checks the orchestration, not the GPU (gpu/gpu_session.sh on a GPU node does that). The test waits on the
 job's end (``wait``) under a ceiling that only catches a hang (tests/ceilings.py)."""
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ STILL_RUNNING = 75  # `gpu_session.sh wait`'s exit status while the job runs
 
 
 def _session(env: dict[str, str], *args: str, seconds: float) -> subprocess.CompletedProcess:
-    """``bash bench/gpu_session.sh ARGS`` run to its exit (a hang fails at ``ceiling(seconds)``)."""
-    return completed(["bash", str(REPO / "bench" / "gpu_session.sh"), *args], f"gpu_session.sh {' '.join(args)}",
+    """``bash gpu/gpu_session.sh ARGS`` run to its exit (a hang fails at ``ceiling(seconds)``)."""
+    return completed(["bash", str(REPO / "gpu" / "gpu_session.sh"), *args], f"gpu_session.sh {' '.join(args)}",
                      seconds, env=env)
 
 

@@ -1,5 +1,5 @@
 """Tracking that loses nothing: a real MLflow tracking server (``make mlflow-server``) takes stage runs that
-log at the same time — two ``python -m stages.partition`` processes at once, and a ``dvc exp run --queue``
+log at the same time — two ``python -m flows.stage partition`` processes at once, and a ``dvc exp run --queue``
 sweep of three variants run by two DVC queue workers (``dvc queue start -j 2``) — and every run is there,
 FINISHED, with every param, metric and artifact.
 
@@ -289,7 +289,7 @@ def reference(project: Path, server: str, stage_env: dict[str, str],
     """One sequential run of the stage, alone on the server: what every run must hold — its param names,
     metric names and artifact files — each checked against what the stage wrote to disk."""
     repo = _copy(project, tmp_path_factory.mktemp("sequential") / "repo")
-    run_id = _run_id(_run(repo, sys.executable, "-m", f"stages.{STAGE}", env=stage_env, seconds=STAGE_S).stderr)
+    run_id = _run_id(_run(repo, sys.executable, "-m", "flows.stage", STAGE, env=stage_env, seconds=STAGE_S).stderr)
     client = mlflow.MlflowClient(tracking_uri=server)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -372,7 +372,7 @@ def test_a_file_in_the_working_directory_lands_at_the_runs_root(server: str, tmp
 def test_two_stage_processes_at_once_lose_nothing(servers: dict[str, Server], server: str,
                                                    stage_env: dict[str, str], project: Path,
                                                    reference: dict[str, Any], tmp_path: Path) -> None:
-    """Two ``python -m stages.partition`` processes (two copies of the repository, two param values) log to
+    """Two ``python -m flows.stage partition`` processes (two copies of the repository, two param values) log to
     the server at the same time (each waits for the other once its run is open): two runs, both complete."""
     with _explained(servers):
         since = int(time.time() * 1000)

@@ -63,7 +63,12 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> di
 
 FEDBARY = {"support_size": 10, "iterations": 3}
 FEDAVG = {"rounds": 3, "epochs": 2, "lr": 0.1}
+# the two tracks the stage tests run on tiny params, in order — every stage is in one (the feature track on
+# feature_params below, the text track on tests/stages/test_text_stages.py's text_params), so that its outputs are
+# checked byte for byte on a rerun (test_reproducible_reports.py, test_text_stages.py) and its params group is
+# checked on the track's own (tests/test_params_tracks.py); tests/architecture/test_stage_contract.py checks it
 FEATURE_TRACK = ("partition", "fed_distance", "barycenter_valuation", "noisy_removal")
+TEXT_TRACK = ("partition", "train_teachers", "estimate_bias", "distill")
 
 
 def feature_params(root: Path) -> dict:

@@ -19,7 +19,7 @@ from sklearn.decomposition import PCA
 from otfed.errors import ConfigError
 from otfed.federation.fedwad import FedWaDConfig, federated_wasserstein
 from stages import layout
-from stages.fed_distance import PRIVACY_QUOTES, dp_baselines, privacy_counts, privacy_jobs, privacy_seed
+from stages.fed_distance import PRIVACY_QUOTES, dp_baselines, privacy_attack_cells, privacy_jobs, privacy_seed
 from stages.params import validate_params
 from tests.stages.conftest import tiny_params
 
@@ -70,7 +70,8 @@ def test_attack_recovers_every_sample_where_theory_says_so(feature_run: dict[str
     # FedBary: approximate only; exact interpolation at the smallest K only
     assert set(rows[rows.protocol == "fedbary"].interpolation) == {"approx"}
     assert set(rows[rows.interpolation == "exact"].iterations) == {1}
-    assert len(rows) == privacy_counts(validate_params(params, stage="fed_distance"))[0]
+    privacy = validate_params(params, stage="fed_distance").fed_distance.privacy
+    assert len(rows) == len(privacy.pairs) * privacy.seeds * len(privacy_attack_cells(privacy))  # one row per cell
     known = rows[(rows.support == "n") & (rows.t == "0.5")]
     assert len(known) == 8 and (known.S == n).all()  # FedWaD, OTDD: approx K = 1, 3 and exact K = 1; FedBary: 2
     assert (known.recovered_fraction == 1.0).all() and (known.membership_auc == 1.0).all()
@@ -196,4 +197,4 @@ def test_privacy_is_off_unless_configured(tmp_path: Path) -> None:
     params = tiny_params(tmp_path)
     params["fed_distance"].pop("privacy")
     p = validate_params(params, stage="fed_distance")
-    assert p.fed_distance.privacy is None and privacy_counts(p) == (0, 0, 0, 0) and privacy_jobs(p) == []
+    assert p.fed_distance.privacy is None and privacy_jobs(p) == []

@@ -52,8 +52,8 @@ def test_bad_params_exit_2_and_write_nothing(tmp_path: Path, monkeypatch: pytest
 
 def test_stage_command_line_reports_config_errors(tmp_path: Path) -> None:
     (tmp_path / "params.yaml").write_text("run: {seeed: 1}\n")
-    proc = subprocess.run([sys.executable, "-m", "stages.partition"], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run([sys.executable, "-m", "flows.stage", "partition"], cwd=tmp_path, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2
     assert "params.yaml: run.seeed: unknown key" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
@@ -64,3 +64,14 @@ def test_missing_data_file_is_named(tiny: dict, tmp_path: Path) -> None:
     with pytest.raises(DataFileError, match="images_mnist.npz"):
         run_stage("partition", tiny)
     assert not Path(layout.PARTITIONS).exists()
+
+
+def test_a_stage_module_is_no_command(tmp_path: Path) -> None:
+    """One entry point: ``python -m stages.partition`` (the command before the runner took every stage) says so and
+    exits 2 instead of importing the module and exiting 0 having run nothing."""
+    proc = subprocess.run([sys.executable, "-m", "stages.partition"], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == ("error: `python -m stages.partition` runs nothing: a stage runs through the runner, "
+                                   "`python -m flows.stage partition` (what dvc.yaml runs; or `otfed run partition`)")
+    assert list(tmp_path.iterdir()) == []

@@ -3,7 +3,7 @@
 A BERT-tiny teacher trained by the same code and seed came out with other weights on an AMD EPYC (AVX2) than on
 an Intel Xeon (AVX-512), and DVC re-ran every stage after it. :mod:`otfed.cpu_kernels` holds the stages to
 kernels every x86-64 CPU with AVX2 runs alike. Here ``train_teachers`` (tiny params, a BERT and a DistilBERT
-party) runs as the user runs it, ``python -m stages.train_teachers``:
+party) runs as the user runs it, ``python -m flows.stage train_teachers``:
 
 1. on the ``thread`` runner (two tasks at once) with both cores kept busy by two busy loops;
 2. on the ``sequential`` runner, with MKL and oneDNN told that the CPU offers no more than AVX2
@@ -39,7 +39,7 @@ def _stage(root: Path, name: str, runner: str, **environ: str) -> None:
     params = text_params(root)
     params["run"].update(task_runner=runner, max_workers=2)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    done = completed([sys.executable, "-m", f"stages.{name}"], f"`python -m stages.{name}` to exit", STAGE_S,
+    done = completed([sys.executable, "-m", "flows.stage", name], f"`python -m flows.stage {name}` to exit", STAGE_S,
                      cwd=root, env=clean_env(OTFED_HOME=str(root), PYTHONPATH=str(REPO), **environ))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "not on the portable CPU kernels" not in done.stderr

@@ -1,6 +1,6 @@
 """Every stage checks its inputs, its output folders and its data before any server starts (issue #25 item 4).
 
-``python -m stages.<name>`` → :func:`flows.stage.main`: a partition file holding label 99 or client index 42,
+``python -m flows.stage <name>`` → :func:`flows.stage.main`: a partition file holding label 99 or client index 42,
 x and y of different lengths, test features of another image size, raw images of two sizes, a text partition
 without its ``label`` column, a missing checkpoint or one without weights, a message file of the wrong shape, a
 read-only output folder, too little free disk → exit 2 and one ``error:`` line naming the file and the field,
@@ -114,7 +114,7 @@ def tree(root: Path) -> dict[str, bytes | None]:
 
 
 def fails_before_the_flow(root: Path, stage: str, capsys: pytest.CaptureFixture[str]) -> str:
-    """Run stage ``stage`` as ``python -m stages.<stage>`` does; assert exit 2, one ``error:`` line on stderr,
+    """Run stage ``stage`` as ``python -m flows.stage <stage>`` does; assert exit 2, one ``error:`` line on stderr,
     nothing written or removed anywhere in ``root``; return the line (without ``error: ``)."""
     before = tree(root)
     capsys.readouterr()

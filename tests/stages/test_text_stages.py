@@ -1,5 +1,5 @@
 """The KNOT text track end to end on tiny params (real embedded data, a few dozen texts, a one-layer model):
-partition → train_teachers → estimate_bias → distill. Checked against independent truths: the table 1
+``partition`` → ``train_teachers`` → ``estimate_bias`` → ``distill`` (``TEXT_TRACK``). Checked against independent truths: the table 1
 sizes equal the partition files' row counts, the teachers' transfer predictions in the message file equal
 what the saved teacher predicts, each bias row sums to 1 and equals a recount of argmax predictions on the
 same random texts (and the ablation's soft bias their mean probability row), table rows are recomputed from the saved predictions, the eight variants share metric
@@ -27,7 +27,7 @@ from otfed.models import TextClassifier
 from otfed.models.tokenizer import vocabulary
 from stages import layout
 from stages.params import validate_params
-from tests.stages.conftest import assert_reproducible, run_track, tiny_params
+from tests.stages.conftest import TEXT_TRACK, assert_reproducible, run_track, tiny_params
 
 TINY_MODEL = {"kind": "bert", "layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_length": 24,
               "vocab_size": 300}
@@ -76,7 +76,7 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, migrated_mlflow_db: Path)
     params = text_params(root)
     threads = torch.get_num_threads()
     try:
-        def view(stage: str):  # what `python -m stages.<stage>` validates: its own groups only
+        def view(stage: str):  # what `python -m flows.stage <stage>` validates: its own groups only
             return validate_params(params, stage=stage)
 
         run_stage("partition", view("partition"))
@@ -284,9 +284,6 @@ def test_the_gate_stops_a_task_whose_teachers_cannot_be_read(text_run, tmp_path:
     results = pd.read_csv(tmp_path / layout.DISTILL_REPORTS / "results.csv")
     assert set(results.variant) == {"global (no distillation)"}
     assert not (tmp_path / layout.DISTILL_REPORTS / "table_sa.csv").exists()
-
-
-TEXT_TRACK = ("partition", "train_teachers", "estimate_bias", "distill")
 
 
 def test_text_track_outputs_are_byte_reproducible(text_run, tmp_path: Path, migrated_mlflow_db: Path) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# prefect.yaml's GPU deployment end to end, in a copy of the checkout (bench/gpu_session.sh worker-start runs it in
+# prefect.yaml's GPU deployment end to end, in a copy of the checkout (gpu/gpu_session.sh worker-start runs it in
 # the background): a Prefect server on 127.0.0.1, work pool otfed-gpu (process type), the deployment pipeline-gpu
 # (flows/pipeline.py → dvc repro) run for OTFED_WORKER_STAGES (default: the text track) by one process worker
 # pinned to GPU 0, then the flow run's final state. Exit 0 only when the flow run completed.

@@ -25,12 +25,12 @@ checkout's tracked files alone are about 38 MiB. This script builds that kit her
    checked against what may travel: the files that travel anyway (tracked and untracked-not-ignored) plus
    one archive must stay under 64 MiB.
 
-On the machine, ``bench/gpu_session.sh`` unpacks it into ``/tmp/otfed-site`` and puts it first on
+On the machine, ``gpu/gpu_session.sh`` unpacks it into ``/tmp/otfed-site`` and puts it first on
 ``PYTHONPATH``; name one archive per call in the device tool's ``carry`` (``.devkit/site.tar.xz``, or
 ``.devkit/dvc.tar.xz`` for the worker phase): both at once would pass the limit. The README ("A GPU node
 with no package index") has the phases.
 
-Usage: ``python -m bench.device_kit [--python 3.12] [--with-dvc] [--out .devkit]``; ``--python 3.11``
+Usage: ``python -m gpu.device_kit [--python 3.12] [--with-dvc] [--out .devkit]``; ``--python 3.11``
 builds a kit for this machine's Python, which ``tests``-style checks can unpack into a clean venv
 (``--verify VENV``: unpack into a temporary folder and import the pipeline with that venv's python).
 """
@@ -60,8 +60,8 @@ def normalize(name: str) -> str:
 TRAVEL_LIMIT = 64 * 2**20  # the device tool's limit on what travels in one call
 MARGIN = 2**20             # room for a report written into the tree between the build and a call
 
-#: The packages on the lent machines (``bench/device_packages.txt``, from the workplace's KINDS.md).
-DEVICE_PACKAGES = frozenset(normalize(line) for line in (ROOT / "bench" / "device_packages.txt").read_text().split()
+#: The packages on the lent machines (``gpu/device_packages.txt``, from the workplace's KINDS.md).
+DEVICE_PACKAGES = frozenset(normalize(line) for line in (ROOT / "gpu" / "device_packages.txt").read_text().split()
                             if not line.startswith("#"))
 #: Carried even though the machines have them: pydantic 2.14 and anyio 4.16 need typing-extensions ≥ 4.16,
 #: and the machines' version is not known (a newer typing-extensions serves torch as well).
@@ -76,16 +76,16 @@ DROPPED = (
     ("prefect/server/ui", "Prefect's web UI; gpu_session.sh runs with PREFECT_UI_ENABLED=false"),
     ("prefect/server/ui-v2", "Prefect's new web UI; likewise"),
 )
-BSP_STUB = '''"""Stub put in place by otfed's bench/device_kit.py: POT's BSP-OT solver (a 174 MB compiled extension)
+BSP_STUB = '''"""Stub put in place by otfed's gpu/device_kit.py: POT's BSP-OT solver (a 174 MB compiled extension)
 is not carried to the GPU machine; otfed never calls it."""
 
 
 def compute_bspot_bijection(*args, **kwargs):
-    raise NotImplementedError("POT's BSP-OT was left out of otfed's device kit (bench/device_kit.py)")
+    raise NotImplementedError("POT's BSP-OT was left out of otfed's device kit (gpu/device_kit.py)")
 
 
 def merge_bijections(*args, **kwargs):
-    raise NotImplementedError("POT's BSP-OT was left out of otfed's device kit (bench/device_kit.py)")
+    raise NotImplementedError("POT's BSP-OT was left out of otfed's device kit (gpu/device_kit.py)")
 '''
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
@@ -94,8 +94,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
 def declared_dependencies(pyproject: Path = ROOT / "pyproject.toml", extras: tuple[str, ...] = ("pipeline", "bench")
                           ) -> list[str]:
     """The names in ``[project] dependencies`` (the core install) and in the optional dependencies of ``extras``
-    (default: what the stages and the benches need), following ``otfed[...]`` references between extras; each
-    name once, in order."""
+    (default: what the stages, the benches and the studies need), following ``otfed[...]`` references between
+    extras; each name once, in order."""
     import tomllib
 
     project = tomllib.loads(pyproject.read_text())["project"]
@@ -152,11 +152,12 @@ def closure(roots: list[str], python: str, exclude: frozenset[str] = FROM_THE_MA
 
 
 def check_unused_bsp(root: Path = ROOT) -> None:
-    """Raise if otfed's code (library, pipeline, benches, tests) mentions POT's BSP-OT, which the kit stubs."""
+    """Raise if otfed's code (library, pipeline, benches, studies, GPU tooling, tests) mentions POT's BSP-OT,
+    which the kit stubs."""
     pattern = re.compile(r"\bot\.bsp\b|compute_bspot_bijection|merge_bijections")
-    for folder in ("otfed", "stages", "flows", "bench", "tests"):
+    for folder in ("otfed", "stages", "flows", "bench", "studies", "gpu", "tests"):
         for path in (root / folder).rglob("*.py"):
-            if path.name in ("device_kit.py", "test_bench_device_kit.py"):  # the kit and its test name it
+            if path.name in ("device_kit.py", "test_gpu_device_kit.py"):  # the kit and its test name it
                 continue
             if pattern.search(path.read_text()):
                 raise RuntimeError(f"{path.relative_to(root)} uses POT's BSP-OT, which the device kit stubs out")
@@ -244,7 +245,7 @@ def _archive(pins: dict[str, str], python: str, out: Path, name: str) -> tuple[P
 
 
 def build(python: str, out: Path, with_dvc: bool) -> list[Path]:
-    """``out/site.tar.xz`` (everything the stages, flows and benches need) and, ``with_dvc``, ``out/dvc.tar.xz``
+    """``out/site.tar.xz`` (all the stages, flows, benches and studies need) and, ``with_dvc``, ``out/dvc.tar.xz``
     (what DVC adds: the Prefect pipeline flow runs ``dvc repro``; it travels in a call of its own, unpacked
     over the first); ``out/MANIFEST.txt``. Raises SystemExit when an archive cannot travel with the tree."""
     roots = [r for r in declared_dependencies() if normalize(r) != "dvc"]
@@ -258,7 +259,7 @@ def build(python: str, out: Path, with_dvc: bool) -> list[Path]:
                if name not in carried}
     out.mkdir(parents=True, exist_ok=True)
     tree = travelling_bytes()
-    manifest = [f"otfed device kit for CPython {python} on x86-64 Linux (python -m bench.device_kit --python {python}"
+    manifest = [f"otfed device kit for CPython {python} on x86-64 Linux (python -m gpu.device_kit --python {python}"
                 f"{' --with-dvc' if with_dvc else ''}); the tree that travels with it: {tree / 2**20:.1f} MiB",
                 "taken from the machine (the lock's versions shown; the machine's may differ): "
                 + ", ".join(f"{name}=={version}" for name, version in machine.items())]

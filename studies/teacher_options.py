@@ -1,13 +1,13 @@
-"""Benchmark: stronger SA teachers within the offline rule (issue #10, item 2).
+"""Study: stronger SA teachers within the offline rule (issue #10, item 2).
 
-KNOT's teachers (SPEC §1) are BERT-tiny-shaped models trained from random initialisation on ≤ 1,500 texts
+otfed's KNOT teachers are BERT-tiny-shaped models trained from random initialisation on ≤ 1,500 texts
 per party; on SA (Amazon reviews, 1–5 stars, ~2/3 five-star) their test macro-F1 is 0.18–0.35. This
-benchmark measures, on the SA parties the pipeline builds (``build_text_federation`` of the default
+study measures, on the SA parties the pipeline builds (``build_text_federation`` of the default
 ``amazon_categories`` layout, seed 0: cell_phones, musical_instruments, digital_music and the global baby),
 for train sizes 100, 300 and 1,500 and all 2,100 train rows (BERT-sized options at 300 and 1,500 only):
 
 * ``bert`` — today's teacher: ``params.yaml``'s ``train_teachers.model`` (BERT-tiny shape, random init) and
-  ``training`` as committed before this benchmark (:data:`TODAY_MODEL`, :data:`TODAY_TRAINING`);
+  ``training`` as committed before this study (:data:`TODAY_MODEL`, :data:`TODAY_TRAINING`);
 * ``bert_cb`` — the same with the class-balanced cross-entropy (``TrainingConfig.class_balanced``);
 * ``bow`` / ``bow_cb`` — the bag-of-word-pieces classifier (``ModelSpec(kind="bow")``), without/with balancing;
 * ``mlm_cb`` — BERT-tiny pretrained with masked-language modelling (:func:`otfed.models.pretraining.pretrain_mlm`)
@@ -31,8 +31,8 @@ Also measured, not in the default run: MLM pretraining for 10 epochs at lr 2e-3 
 0.002``) stalled at the unigram plateau (loss 6.50 → 6.42 over 7 epochs, 62–85 s each on the shared machine)
 and was stopped; 3 epochs at lr 1e-3 (127 s) reach loss 5.93 — too little pretraining to help (table).
 
-    python -m bench.teacher_options --cache runs.jsonl    # ≈ 30 minutes on one idle core; --cache resumes
-Results: reports/bench/teacher_options.{csv,md}.
+    python -m studies.teacher_options --cache runs.jsonl    # ≈ 30 minutes on one idle core; --cache resumes
+Results: reports/studies/teacher_options.{csv,md}.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from otfed.data.text import build_text_federation, default_spec
 from otfed.models import ModelSpec, TrainingConfig, build_classifier, train_classifier
 from otfed.models.pretraining import MLMConfig, pretrain_mlm
 
-OUT = Path("reports/bench")
+OUT = Path("reports/studies")
 DATA = Path("data/raw")
 PARTIES = ("cell_phones", "musical_instruments", "digital_music", "baby")
 
@@ -67,7 +67,7 @@ PARTIES = ("cell_phones", "musical_instruments", "digital_music", "baby")
 BOW = dict(kind="bow", layers=1, hidden=128, dropout=0.3, max_length=256, vocab_size=4000)
 MLM = MLMConfig(epochs=3, batch_size=32, lr=1e-3)
 
-#: params.yaml's ``train_teachers`` before this benchmark (commit 9f629d6): BERT-tiny shape, random init.
+#: params.yaml's ``train_teachers`` before this study (commit 9f629d6): BERT-tiny shape, random init.
 TODAY_MODEL = dict(kind="bert", layers=2, hidden=128, heads=2, intermediate=512, dropout=0.1, max_length=64,
                    vocab_size=4000)
 TODAY_TRAINING = dict(epochs=10, batch_size=32, lr=6e-4, weight_decay=0.01, patience=3)
@@ -90,7 +90,7 @@ def scores(y: np.ndarray, probs: np.ndarray, prefix: str) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------ options
 def params_teacher() -> tuple[ModelSpec, TrainingConfig]:
     """Today's teacher: ``train_teachers.model`` and ``.training`` of params.yaml as committed before this
-    benchmark (commit 9f629d6) — fixed here so the baseline does not move when params.yaml adopts a result."""
+    study (commit 9f629d6) — fixed here so the baseline does not move when params.yaml adopts a result."""
     return ModelSpec(**TODAY_MODEL), TrainingConfig(**TODAY_TRAINING)
 
 
@@ -251,7 +251,7 @@ def best_by_validation(table: pd.DataFrame) -> list[str]:
 
 # -------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.teacher_options", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m studies.teacher_options", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["100", "300", "1500", "all"],
                         help="train rows per party; 'all' = every train row (2,100)")
     parser.add_argument("--options", nargs="+", default=DEFAULT_OPTIONS,
@@ -367,7 +367,7 @@ def epoch_curves(runs: pd.DataFrame, epochs: range = range(4, 15)) -> pd.DataFra
 def write_markdown(table: pd.DataFrame, mlm: pd.DataFrame, argv: list[str], out: Path,
                    curves: pd.DataFrame | None = None) -> None:
     lines = ["# SA teacher options (issue #10, item 2)", "",
-             " ".join(["`python -m bench.teacher_options", *argv]) + "`", "",
+             " ".join(["`python -m studies.teacher_options", *argv]) + "`", "",
              "Mean over cell_phones, musical_instruments, digital_music, baby (partition seed 0, model seed 0); "
              "choose on `val_*`, `test_*` only reported. Rules: `p3` = best validation epoch, patience 3, within "
              "10 epochs (today's); `best_val` = best validation epoch of the run; `last@k` = the last of k epochs, "

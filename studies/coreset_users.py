@@ -1,10 +1,10 @@
-"""Benchmark: does the federated-coreset 1-NN classifier catch up with FedPer / FedRep as clients grow?
+"""Study: does the federated-coreset 1-NN classifier catch up with FedPer / FedRep as clients grow?
 
 FedWaD (Rakotomamonjy et al., ICLR 2024) §5 "Federated coreset classification model", fig. 5 / 12 and
 app. D.2 claim that a global 1-nearest-neighbour classifier over the Wasserstein coresets learnt on every
 client "is highly competitive with [FedRep / FedPer], and even outperforms them when the number of users
 becomes large". Stage ``fed_distance`` tests this at 20 clients only (federations ``pairs_none`` /
-``pairs_strong``), where the coreset 1-NN stays below FedPer / FedRep. This bench repeats the stage's
+``pairs_strong``), where the coreset 1-NN stays below FedPer / FedRep. This study repeats the stage's
 comparison at 20, 50 and 100 clients on the same, fixed, pool of data.
 
 Setting (read from ``params.yaml`` as the stage reads it): the federations named in
@@ -21,7 +21,7 @@ CSV and the report). Clients the stage would call degenerate (a class with < 2 s
 ``usable_clients``) are left out of every method, as in the stage.
 
 Per cell (structure × number of clients) and seed, exactly the stage's building blocks, re-assembled from
-the library (benches import the library only):
+the library (studies import the library only):
 
 * federated coreset 1-NN (stage ``coreset_classification``): features = PCA with
   ``fed_distance.coresets.pca_components`` components fitted on the server's 1,000 MNIST test rows, applied
@@ -42,7 +42,7 @@ partition (``build_federation(name, spec, data_dir, s)``: at 20 clients and s = 
 batches; all methods of one (cell, seed) see the same clients and held-out splits, so the differences
 coreset − FedPer / FedRep are paired by seed. Reported: mean ± 95% CI (Student t) over the seeds. Nothing is
 tuned: every setting is the stage's, none is chosen on held-out data. The stage itself varies only the
-algorithms' seed on one partition (seed 0), this bench the partition too, so its spread is wider.
+algorithms' seed on one partition (seed 0), this study the partition too, so its spread is wider.
 
 The global 1-NN classifier holds K × (number of clients) labelled points: 100 / 250 / 500 at K = 5 and
 200 / 500 / 1,000 at K = 10 for 20 / 50 / 100 clients — it grows with the federation, while FL's per-client
@@ -54,9 +54,9 @@ FedWaD sessions are small NumPy/POT calls that hold the GIL); ``--quick`` takes 
 ``seconds`` column is the time of the job that produced the row (one job computes both the federated and
 the exact coreset of a K).
 
-    python -m bench.coreset_users            # full grid, seeds 0,1,2
-    python -m bench.coreset_users --quick    # seed 0, 20 and 100 clients, largest K only: a timing check
-Results: reports/bench/coreset_users.csv (one row per cell, method and seed), .md (summary), .png.
+    python -m studies.coreset_users            # full grid, seeds 0,1,2
+    python -m studies.coreset_users --quick    # seed 0, 20 and 100 clients, largest K only: a timing check
+Results: reports/studies/coreset_users.csv (one row per cell, method and seed), .md (summary), .png.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ from otfed.metrics import mean_confidence_interval
 from otfed.ot import wasserstein
 from otfed.ot.otdd import LabelledData
 
-OUT = Path("reports/bench")
+OUT = Path("reports/studies")
 NAME = "coreset_users"
 CLIENTS = (20, 50, 100)
 QUICK_CLIENTS = (20, 100)
@@ -401,7 +401,7 @@ def figure(s: pd.DataFrame, order: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m bench.{NAME}", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m studies.{NAME}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="first seed (seeds seed … seed+seeds−1)")
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     order = method_order(setting, points)
     s = summary(table, order)
     cs, fl = setting.coreset, setting.fl
-    command = " ".join([f"python -m bench.{NAME}", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join([f"python -m studies.{NAME}", *(argv if argv is not None else sys.argv[1:])])
     names = ", ".join(f"{st}: {n}" for st, (n, _) in setting.federations.items())
     header = (f"# Federated-coreset 1-NN vs FedPer / FedRep as the number of clients grows (FedWaD fig. 5 / 12)\n\n"
               f"`{command}` — {wall / 60:.1f} min on {os.cpu_count()} cores ({args.workers} worker threads, torch and "

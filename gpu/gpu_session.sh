@@ -4,7 +4,7 @@
 # fits one call; their results go to $OUT (what the tool brings back: at most 8 files), one .tar.gz per phase
 # and its log.
 #
-#   check        (~8 min)  the kit; bench/gpu_check.sh (nvidia-smi, the gpu-marked tests, a timed tiny text-track
+#   check        (~8 min)  the kit; gpu/gpu_check.sh (nvidia-smi, the gpu-marked tests, a timed tiny text-track
 #                          run on CUDA and on the CPU); bench.distill_step --device cuda with the adaptive
 #                          ("newton") and the fixed-shape ("fixed") Sinkhorn solver at batch 32 and 256;
 #                          bench.sinkhorn_backends --device cuda (fixed / newton / geomloss / POT)
@@ -16,14 +16,14 @@
 #   worker-start (seconds) prefect.yaml's GPU deployment end to end: a Prefect server, work pool otfed-gpu, the
 #                          deployment pipeline-gpu (flows/pipeline.py: dvc repro) run for the text track's stages
 #                          (OTFED_WORKER_STAGES) by a process worker, in the background; needs .devkit/dvc.tar.xz
-#                          (python -m bench.device_kit --with-dvc) carried in this call, the kit of an earlier
+#                          (python -m gpu.device_kit --with-dvc) carried in this call, the kit of an earlier
 #                          call still unpacked
 #   wait JOB [S]           waits up to S seconds (default 560) for job paper or worker, printing where it is;
 #                          exit 0 when it finished, 75 while it runs (call again), 1 when it failed
 #   collect JOB            the job's reports (text track) and logs → $OUT/JOB.tar.gz
 #
 # The machine stays warm 30 s after a call: make the next call at once, or a fresh machine (without the kit
-# unpacked and the background run) answers it. Build the kit where pip works (python -m bench.device_kit
+# unpacked and the background run) answers it. Build the kit where pip works (python -m gpu.device_kit
 # --with-dvc, or make device-kit WITH_DVC=1) and carry one archive per call, never both (with this checkout they
 # would pass the 64 MiB): carry [".devkit/site.tar.xz"] for check / scale / paper-start (the first call unpacks
 # it; later calls on the same warm machine need not carry it again), [".devkit/dvc.tar.xz"] for worker-start.
@@ -33,8 +33,8 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 PHASE="${1:-}"
 OUT="${OUT:-/tmp/otfed-gpu-out}"
-KIT="${OTFED_KIT:-.devkit/site.tar.xz}"     # python -m bench.device_kit
-DVC_KIT="${OTFED_DVC_KIT:-.devkit/dvc.tar.xz}"  # python -m bench.device_kit --with-dvc
+KIT="${OTFED_KIT:-.devkit/site.tar.xz}"     # python -m gpu.device_kit
+DVC_KIT="${OTFED_DVC_KIT:-.devkit/dvc.tar.xz}"  # python -m gpu.device_kit --with-dvc
 SITE="${OTFED_SITE:-/tmp/otfed-site}"       # where it is unpacked
 JOBS="${OTFED_JOBS:-/tmp/otfed-jobs}"       # background jobs: a copy of the checkout each, JOBS/<job>
 mkdir -p "$OUT"
@@ -45,7 +45,7 @@ unpack_kit() {  # the kit first on the paths (OTFED_KIT=none: the environment ha
     if [ "$KIT" != none ]; then
         if [ ! -f "$SITE/.unpacked" ]; then
             if [ ! -f "$KIT" ]; then
-                echo "no $KIT: build it with 'python -m bench.device_kit' where pip works, and carry it" >&2
+                echo "no $KIT: build it with 'python -m gpu.device_kit' where pip works, and carry it" >&2
                 exit 2
             fi
             mkdir -p "$SITE" && tar -xJf "$KIT" -C "$SITE" && touch "$SITE/.unpacked" || exit 2
@@ -73,22 +73,22 @@ check)
       python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
     } 2>&1 | tee "$OUT/check.log"
     # the bundle is rewritten after every step: a call cut off at its time limit still brings back what ran
-    PYTHON=python3 bash bench/gpu_check.sh reports/bench/gpu_check.txt 2>&1 | tail -40 | tee -a "$OUT/check.log" || status=1
-    bundle check reports/bench/gpu_check.txt
+    PYTHON=python3 bash gpu/gpu_check.sh reports/gpu/gpu_check.txt 2>&1 | tail -40 | tee -a "$OUT/check.log" || status=1
+    bundle check reports/gpu/gpu_check.txt
     for solver in newton fixed; do
         python3 -m bench.distill_step --device cuda --solver "$solver" --batch 32 256 \
             --out "reports/bench/cuda/$solver" 2>&1 | tail -12 | tee -a "$OUT/check.log" || status=1
-        bundle check reports/bench/gpu_check.txt reports/bench/cuda
+        bundle check reports/gpu/gpu_check.txt reports/bench/cuda
     done
     python3 -m bench.sinkhorn_backends --device cuda --out reports/bench/cuda 2>&1 | tail -8 \
         | tee -a "$OUT/check.log" || status=1
-    bundle check reports/bench/gpu_check.txt reports/bench/cuda
+    bundle check reports/gpu/gpu_check.txt reports/bench/cuda
     exit $status
     ;;
 scale)
     unpack_kit
     status=0
-    python3 -m stages.partition > "$OUT/scale.log" 2>&1 || status=1
+    python3 -m flows.stage partition > "$OUT/scale.log" 2>&1 || status=1
     workers=$(nproc)
     python3 -m bench.scale_out --workers "$workers" --name "scale_out_$workers" 2>&1 | tail -15 \
         | tee -a "$OUT/scale.log" || status=1
@@ -130,10 +130,10 @@ yaml.safe_dump(params, open("params.yaml", "w"), sort_keys=False)
 PY
         fi
         run='for s in partition train_teachers estimate_bias distill; do
-    echo "== $s $(date -u +%H:%M:%S)"; python3 -m stages.$s || exit 1
+    echo "== $s $(date -u +%H:%M:%S)"; python3 -m flows.stage $s || exit 1
 done'
     else
-        run='bash bench/gpu_worker_job.sh'
+        run='bash gpu/gpu_worker_job.sh'
     fi
     cat > job.sh <<EOF
 start=\$(date +%s)
@@ -163,7 +163,7 @@ collect)
     bundle "$job" reports/teachers reports/bias reports/distill job.log server.log worker.log
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh check | scale | paper-start | worker-start | wait JOB [SECONDS] | collect JOB" >&2
+    echo "usage: bash gpu/gpu_session.sh check | scale | paper-start | worker-start | wait JOB [SECONDS] | collect JOB" >&2
     exit 2
     ;;
 esac

@@ -1,4 +1,4 @@
-"""Benchmark: which features let FedBary see the noise (issue #11, item 1) — PCA-32 vs raw pixels vs a
+"""Study: which features let FedBary see the noise (issue #11, item 1) — PCA-32 vs raw pixels vs a
 256-D Gaussian random projection, on the partitions `dvc repro` builds (``data/partitions``).
 
 For each representation, seed 0, FedBary's settings of ``params.yaml`` (S = 50, K = 10, random t):
@@ -13,8 +13,8 @@ For each representation, seed 0, FedBary's settings of ``params.yaml`` (S = 50, 
 The PCA is fitted on the server's test split (as the stages do), the random projection drawn from the
 seed (no data). Run after ``dvc repro partition``:
 
-    python -m bench.fedbary_features            # ≈ 3 minutes on 2 cores
-Results: reports/bench/fedbary_features.{csv,md}.
+    python -m studies.fedbary_features            # ≈ 3 minutes on 2 cores
+Results: reports/studies/fedbary_features.{csv,md}.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from otfed.data.store import load_federation
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation
 from otfed.valuation import detection_auc
 
-OUT = Path("reports/bench")
+OUT = Path("reports/studies")
 PARTITIONS = Path("data/partitions")
 REPRESENTATIONS = {"pca32": (32, 0), "raw": (0, 0), "random_projection256": (0, 256)}
 
@@ -66,7 +66,7 @@ def detection(kind: str, pca: int, random: int, seed: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fedbary_features", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m studies.fedbary_features", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rows = []
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     io.write_csv(table, OUT / "fedbary_features.csv")
     header = ("# FedBary: which features show the noise\n\n"
-              f"`{' '.join(['python -m bench.fedbary_features', *(argv if argv is not None else sys.argv[1:])])}`; "
+              f"`{' '.join(['python -m studies.fedbary_features', *(argv if argv is not None else sys.argv[1:])])}`; "
               "value: Spearman ρ of the client shares with the planted quality (1 = less noise, more value) or "
               "ROC AUC of the calibrated gradients; seconds: one FedBary run (shared machine).")
     io.write_text(f"{header}\n\n{io.markdown_table(table.round(3))}", OUT / "fedbary_features.md")

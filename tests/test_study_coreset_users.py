@@ -1,11 +1,11 @@
-"""bench.coreset_users: the federations it builds keep the training pool fixed as the number of clients grows
+"""studies.coreset_users: the federations it builds keep the training pool fixed as the number of clients grows
 and give every client two classes (checked against the raw file's labels, independently of the partitioner)."""
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.coreset_users import federation, load_setting
+from studies.coreset_users import federation, load_setting
 from otfed.data.store import TRAIN, VAL
 
 REPO = Path(__file__).resolve().parents[1]

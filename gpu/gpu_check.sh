@@ -5,15 +5,15 @@
 #      (FedAvg, the Sinkhorn loss, teacher / student steps and the stages on the GPU against CPU / POT values);
 #   3. a timed text-track run (partition → train_teachers → estimate_bias → distill) on the stage tests' tiny
 #      params with run.device: auto, in a temporary folder, then the same run with run.device: cpu for reference.
-# Everything printed is also written to OUTPUT (default reports/bench/gpu_check.txt).
+# Everything printed is also written to OUTPUT (default reports/gpu/gpu_check.txt).
 #
-# Usage: bash bench/gpu_check.sh [OUTPUT]      (make gpu-check; PYTHON=... picks the interpreter, default python)
+# Usage: bash gpu/gpu_check.sh [OUTPUT]      (make gpu-check; PYTHON=... picks the interpreter, default python)
 # Exit status: 0 when every step passed on a CUDA device; 1 when a step failed; 3 when torch sees no CUDA device
 # (the gpu tests are then skipped and the timed run is a CPU run: the check has not been done).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-OUT="${1:-reports/bench/gpu_check.txt}"
+OUT="${1:-reports/gpu/gpu_check.txt}"
 PYTHON="${PYTHON:-python}"
 mkdir -p "$(dirname "$OUT")"
 

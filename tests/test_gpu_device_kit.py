@@ -1,6 +1,6 @@
-"""bench/device_kit.py (what travels to a GPU node without a package index) and bench/gpu_session.sh (what runs
+"""gpu/device_kit.py (what travels to a GPU node without a package index) and gpu/gpu_session.sh (what runs
 there): the dependency closure against a hand-made package graph, the slimming against a fake site folder, and
-the session script's refusals. The kit's build itself (downloads) is run by hand: `python -m bench.device_kit
+the session script's refusals. The kit's build itself (downloads) is run by hand: `python -m gpu.device_kit
 --python 3.11 --verify PYTHON` imports the whole pipeline from it in a venv with only a GPU node's packages."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import device_kit as kit
+from gpu import device_kit as kit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,7 +90,7 @@ def test_slim_drops_the_uis_stubs_bsp_and_fixes_console_scripts(tmp_path):
 
 def test_otfed_never_uses_pots_bsp_and_the_check_would_say_so(tmp_path):
     kit.check_unused_bsp()  # the repository as it is
-    for folder in ("otfed", "stages", "flows", "bench", "tests"):
+    for folder in ("otfed", "stages", "flows", "bench", "studies", "gpu", "tests"):
         (tmp_path / folder).mkdir()
     (tmp_path / "otfed" / "fast.py").write_text("import ot\nperm = ot.bsp.compute_bspot_bijection(x, y)\n")
     with pytest.raises(RuntimeError, match="otfed/fast.py uses POT's BSP-OT"):
@@ -106,13 +106,13 @@ def test_travelling_bytes_counts_tracked_files_not_ignored_ones():
 
 
 def _session(*args, env=None):
-    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_session.sh"), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(ROOT / "gpu" / "gpu_session.sh"), *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
 
 
 def test_gpu_session_refuses_an_unknown_phase_and_a_missing_kit(tmp_path):
     result = _session("deploy")
-    assert result.returncode == 2 and "usage: bash bench/gpu_session.sh check | scale" in result.stderr
+    assert result.returncode == 2 and "usage: bash gpu/gpu_session.sh check | scale" in result.stderr
     result = _session("check", env={"OTFED_KIT": str(tmp_path / "absent.tar.xz"), "OTFED_SITE": str(tmp_path / "s"),
                                     "OUT": str(tmp_path / "out")})
     assert result.returncode == 2 and f"no {tmp_path / 'absent.tar.xz'}: build it with" in result.stderr

@@ -1,4 +1,4 @@
-"""Benchmark: where can FedBary's table-4 effect (FashionMNIST 0.56 → 0.64 after removing flagged data) appear?
+"""Study: where can FedBary's table-4 effect (FashionMNIST 0.56 → 0.64 after removing flagged data) appear?
 
 Stage ``noisy_removal`` finds that on its default data (5 FashionMNIST clients × 400, 10% noise on average)
 removing noisy data does not help FedAvg — even removing exactly the noisy points (the oracle) gains nothing
@@ -25,9 +25,9 @@ draws the clients, the noise, the projection, FedBary, FedAvg's initialisation a
 every model of one seed starts from the same initialisation, so differences vs (b) are paired. Reported:
 mean ± 95% CI (Student t) over the seeds. Nothing is tuned on the test set.
 
-    python -m bench.removal_sweep            # full grid, 10 seeds (≈ 9 minutes on 2 cores)
-    python -m bench.removal_sweep --quick    # 1 seed, 10% and 50% only, 400 per client: a timing check
-Results: reports/bench/removal_sweep.csv (one row per cell and seed), .md (summary), .png.
+    python -m studies.removal_sweep            # full grid, 10 seeds (≈ 9 minutes on 2 cores)
+    python -m studies.removal_sweep --quick    # 1 seed, 10% and 50% only, 400 per client: a timing check
+Results: reports/studies/removal_sweep.csv (one row per cell and seed), .md (summary), .png.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from otfed.fl import FedAvgConfig, evaluate, fedavg_state
 from otfed.metrics import mean_confidence_interval
 from otfed.valuation import budget_removal, detection_auc, flagged_removal, random_removal
 
-OUT = Path("reports/bench")
+OUT = Path("reports/studies")
 NAME = "removal_sweep"
 DATASET = "fashionmnist"
 N_CLIENTS = 5
@@ -83,7 +83,7 @@ def load_setting(path: str) -> Setting:
     p = yaml.safe_load(Path(path).read_text())
     nr = p["noisy_removal"]
     if nr.get("pca_components", 0):
-        raise SystemExit(f"error: {path}: noisy_removal.pca_components must be 0 here (this bench projects randomly)")
+        raise SystemExit(f"error: {path}: noisy_removal.pca_components must be 0 here (this study projects randomly)")
     return Setting(fedbary=FedBaryConfig(**nr["fedbary"]), fedavg=FedAvgConfig(**nr["fedavg"]),
                    budgets=tuple(sorted(nr["budgets"])), max_remove_fraction=float(nr["max_remove_fraction"]),
                    validation_samples=int(nr["validation_samples"]), random_projection=int(nr["random_projection"]),
@@ -311,7 +311,7 @@ def figure(s: pd.DataFrame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m bench.{NAME}", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m studies.{NAME}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0, help="first seed (seeds seed … seed+seeds−1)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 10%% and 50%%, 400 per client only")
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         table = run(cells, setting, seeds, device)
     wall, load_end = time.perf_counter() - start, os.getloadavg()
     s = summary(table)
-    command = " ".join([f"python -m bench.{NAME}", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join([f"python -m studies.{NAME}", *(argv if argv is not None else sys.argv[1:])])
     header = (f"# Where does noise cost FedAvg accuracy, and does FedBary's removal win it back?\n\n"
               f"`{command}` — {wall / 60:.1f} min on {os.cpu_count()} cores (torch and BLAS 1 thread, device "
               f"{device}); load average (1/5/15 min) {'/'.join(f'{v:.2f}' for v in load_start)} at the start, "
