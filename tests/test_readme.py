@@ -255,7 +255,7 @@ def compare(quote: Quote, text: Text, values: Sequence[float | str]) -> list[str
             if kind == "=":
                 report = repr(value)
             else:
-                report = f"{float(value):.6g} (at the README's rounding: {rounded(float(value), readme)})"
+                report = f"{float(value):.6g} (at the page's rounding: {rounded(float(value), readme)})"
             relation = {"": "", "<=": " as an upper bound", ">=": " as a lower bound", "=": ""}[kind]
             context = text.context(match.start(group)).strip()
             context = context if len(context) <= 100 else context[:97] + "..."
