@@ -1,13 +1,15 @@
 """The runnable examples of the library's public entry points (issue #23): each entry point's docstring has a
-Parameters and a Returns section and an example that checks its result against an independent truth. The
-``test_*_entry_points.py`` files list their entry points and call these two checks."""
+Parameters and a Returns section and an example that checks its result against an independent truth. Each
+``test_*_entry_points.py`` file lists its entry points and gets its two tests from :func:`entry_point_tests`."""
 from __future__ import annotations
 
 import doctest
 import importlib
 import inspect
 import io
-from typing import Any
+from typing import Any, Callable, Sequence
+
+import pytest
 
 
 def entry_point(module_name: str, qualname: str) -> Any:
@@ -38,3 +40,24 @@ def missing_sections(module_name: str, qualname: str) -> list[str]:
     doc = inspect.getdoc(obj) or ""
     wanted = ["Parameters"] + ([] if inspect.isclass(obj) else ["Returns"])
     return [section for section in wanted if f"\n{section}:\n" not in doc]
+
+
+def entry_point_tests(examples: Sequence[tuple[str, str]], documented: Sequence[tuple[str, str]] | None = None,
+                      ) -> tuple[Callable[[str, str], None], Callable[[str, str], None]]:
+    """The two tests of an entry-point module, parametrized over its (module, qualified name) pairs: every one of
+    ``examples`` has an example that passes (:func:`example_report`), every one of ``documented`` (default:
+    ``examples``) its Parameters / Returns sections (:func:`missing_sections`). Bind them to ``test_*`` names at
+    the module's top level for pytest to collect them."""
+    documented = examples if documented is None else documented
+
+    @pytest.mark.parametrize("module_name, entry", examples, ids=[entry for _, entry in examples])
+    def test_the_entry_points_runnable_example_passes(module_name: str, entry: str) -> None:
+        report = example_report(module_name, entry)
+        assert not report, report
+
+    @pytest.mark.parametrize("module_name, entry", documented, ids=[entry for _, entry in documented])
+    def test_the_entry_point_documents_its_parameters_and_result(module_name: str, entry: str) -> None:
+        missing = missing_sections(module_name, entry)
+        assert not missing, f"{module_name}.{entry}: no {' or '.join(missing)} section"
+
+    return test_the_entry_points_runnable_example_passes, test_the_entry_point_documents_its_parameters_and_result

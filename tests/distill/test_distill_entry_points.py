@@ -5,9 +5,7 @@ the bias counted by hand, the closed-form minimisers of eq. 3 for the student, t
 example, brute force for the best constant."""
 from __future__ import annotations
 
-import pytest
-
-from tests.docstring_examples import example_report, missing_sections
+from tests.docstring_examples import entry_point_tests
 
 #: (module, function) of every documented entry point
 ENTRY_POINTS = [
@@ -28,13 +26,5 @@ ENTRY_POINTS = [
 ]
 
 
-@pytest.mark.parametrize("module_name, entry", ENTRY_POINTS, ids=[e for _, e in ENTRY_POINTS])
-def test_the_entry_points_runnable_example_passes(module_name: str, entry: str) -> None:
-    report = example_report(module_name, entry)
-    assert not report, report
-
-
-@pytest.mark.parametrize("module_name, entry", ENTRY_POINTS, ids=[e for _, e in ENTRY_POINTS])
-def test_the_entry_point_documents_its_parameters_and_result(module_name: str, entry: str) -> None:
-    missing = missing_sections(module_name, entry)
-    assert not missing, f"{module_name}.{entry}: no {' or '.join(missing)} section"
+test_the_entry_points_runnable_example_passes, test_the_entry_point_documents_its_parameters_and_result = \
+    entry_point_tests(ENTRY_POINTS)

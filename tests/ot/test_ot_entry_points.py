@@ -6,9 +6,7 @@ translated data set = √2·||v||, Gelbrich's bound attained by Gaussians), POT'
 (``ot.emd2``, ``ot.sinkhorn``, ``ot.gaussian.bures_wasserstein_distance``) and NumPy's class statistics."""
 from __future__ import annotations
 
-import pytest
-
-from tests.docstring_examples import example_report, missing_sections
+from tests.docstring_examples import entry_point_tests
 
 #: (module, qualified name) of every documented entry point; a class documents its constructor's parameters (no
 #: Returns section), its methods and the functions what they return
@@ -33,13 +31,5 @@ ENTRY_POINTS = [
 ]
 
 
-@pytest.mark.parametrize("module_name, entry", ENTRY_POINTS, ids=[e for _, e in ENTRY_POINTS])
-def test_the_entry_points_runnable_example_passes(module_name: str, entry: str) -> None:
-    report = example_report(module_name, entry)
-    assert not report, report
-
-
-@pytest.mark.parametrize("module_name, entry", ENTRY_POINTS, ids=[e for _, e in ENTRY_POINTS])
-def test_the_entry_point_documents_its_parameters_and_result(module_name: str, entry: str) -> None:
-    missing = missing_sections(module_name, entry)
-    assert not missing, f"{module_name}.{entry}: no {' or '.join(missing)} section"
+test_the_entry_points_runnable_example_passes, test_the_entry_point_documents_its_parameters_and_result = \
+    entry_point_tests(ENTRY_POINTS)

@@ -7,9 +7,7 @@ the symmetric majority game, brute-force enumeration of all 4! orders for KNN-Sh
 for KNN leave-one-out, and planted label noise for LAVA."""
 from __future__ import annotations
 
-import pytest
-
-from tests.docstring_examples import example_report, missing_sections
+from tests.docstring_examples import entry_point_tests
 
 #: (module, qualified name) of every entry point with a runnable example
 EXAMPLES = [
@@ -34,13 +32,5 @@ DOCUMENTED = [*EXAMPLES, ("otfed.valuation.baselines", "ValuationData"),
                  "Lava")]]
 
 
-@pytest.mark.parametrize("module_name, entry", EXAMPLES, ids=[e for _, e in EXAMPLES])
-def test_the_entry_points_runnable_example_passes(module_name: str, entry: str) -> None:
-    report = example_report(module_name, entry)
-    assert not report, report
-
-
-@pytest.mark.parametrize("module_name, entry", DOCUMENTED, ids=[e for _, e in DOCUMENTED])
-def test_the_entry_point_documents_its_parameters_and_result(module_name: str, entry: str) -> None:
-    missing = missing_sections(module_name, entry)
-    assert not missing, f"{module_name}.{entry}: no {' or '.join(missing)} section"
+test_the_entry_points_runnable_example_passes, test_the_entry_point_documents_its_parameters_and_result = \
+    entry_point_tests(EXAMPLES, DOCUMENTED)
