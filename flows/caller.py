@@ -13,6 +13,15 @@ ends the way an interrupted stage ends (MLflow run KILLED, staging folders remov
 exit 143); :meth:`Lifeline.check` is the last word before the swap, so a caller that died between two polls
 cannot see outputs replaced either. A process is identified by its pid *and* its start time: a recycled pid
 is not the caller.
+
+**A detached run.** ``nohup python -m flows.stage <name> &`` answers to the shell that started it, and is stopped
+when that shell exits. With ``OTFED_DETACHED=1`` in its environment a stage answers to nobody: nothing is watched,
+and it runs to its end and swaps its outputs in whoever is left to hear of it. Set it on that one command, not
+exported: a stage of a ``dvc repro`` that inherits it runs on after ``dvc`` is stopped.
+
+**Every signal goes through** :meth:`Process.signal` (and :meth:`Process.stop`, built on it): a process is named by
+pid and start time before any signal is sent, so a record on disk that has outlived its process (a SIGKILL, a
+reboot) never gets a recycled pid — a stranger — signalled.
 """
 from __future__ import annotations
 
@@ -20,12 +29,17 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from typing import Mapping
 
 import psutil
 
 #: shells that DVC (``sh -c``), make or a user's ``bash -c`` may leave standing between the caller and the stage
 SHELLS = frozenset({"sh", "dash", "bash", "zsh"})
 POLL_S = 1.0
+#: two start times closer than this are one process's (records on disk keep them to the millisecond)
+SAME_START_S = 1e-3
+#: the environment variable that makes a stage answer to nobody (module docstring: a detached run)
+DETACHED = "OTFED_DETACHED"
 
 
 class CallerGone(KeyboardInterrupt):
@@ -41,12 +55,53 @@ class Process:
     started: float
     name: str
 
-    def alive(self) -> bool:
+    @classmethod
+    def of(cls, pid: int) -> "Process | None":
+        """The process that has ``pid`` now (None: there is none, or it is a zombie)."""
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return cls(pid, proc.create_time(), proc.name())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    def _running(self) -> psutil.Process | None:
+        """psutil's handle on this very process (pid *and* start time), None once it is gone."""
         try:
             proc = psutil.Process(self.pid)
-            return proc.create_time() == self.started and proc.status() != psutil.STATUS_ZOMBIE
+            if abs(proc.create_time() - self.started) < SAME_START_S and proc.status() != psutil.STATUS_ZOMBIE:
+                return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+        return None
+
+    def alive(self) -> bool:
+        return self._running() is not None
+
+    def signal(self, signum: int) -> bool:
+        """Send ``signum`` to this process if it still runs — the pid *and* the start time match; a recycled pid
+        is another process and is left alone. Whether the signal was sent."""
+        proc = self._running()
+        if proc is None:
+            return False
+        try:
+            proc.send_signal(signum)  # psutil checks the start time once more right before it signals
+            return True
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if this process has not exited ``grace`` seconds later; nothing if it is gone."""
+        proc = self._running()
+        if proc is None or not self.signal(signal.SIGTERM):
+            return
+        try:
+            proc.wait(grace)
+        except psutil.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def caller(pid: int | None = None) -> Process | None:
@@ -68,14 +123,22 @@ def caller(pid: int | None = None) -> Process | None:
         return None
 
 
+def detached(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``OTFED_DETACHED`` asks for a detached run (set, and neither empty nor ``0``): then a stage
+    answers to nobody — a run the user put in the background on purpose (``nohup … &``) is not stopped when the
+    shell that started it exits."""
+    return (os.environ if environ is None else environ).get(DETACHED, "") not in {"", "0"}
+
+
 class Lifeline:
     """Tie this process to its caller: :meth:`start` a watcher that SIGTERMs this process once the caller is
     gone; :meth:`check` raises :class:`CallerGone` if it is gone now (call it right before swapping outputs).
-    Without a caller to answer to (started by init, or the caller died before we looked) nothing is watched
-    and :meth:`check` always passes — there is nobody left to report a failure to."""
+    Without a caller to answer to (started by init, the caller died before we looked, or a detached run:
+    ``OTFED_DETACHED=1``) nothing is watched and :meth:`check` always passes — there is nobody left to report a
+    failure to."""
 
     def __init__(self, process: Process | None = None, poll_s: float = POLL_S) -> None:
-        self.process = caller() if process is None else process
+        self.process = process if process is not None else None if detached() else caller()
         self.poll_s = poll_s
         self._stop = threading.Event()
         self.fired = False
@@ -92,7 +155,9 @@ class Lifeline:
         while not self._stop.wait(self.poll_s):
             if not self.process.alive():
                 self.fired = True
-                os.kill(os.getpid(), signal.SIGTERM)
+                me = Process.of(os.getpid())
+                if me is not None:
+                    me.signal(signal.SIGTERM)
                 return
 
     def check(self) -> None:

@@ -5,7 +5,8 @@
     otfed run STAGE [--params FILE] [--verbose]   one stage through the generic Prefect flow (flows/stage.py)
     otfed repro [STAGE ...] [DVC OPTIONS]         dvc repro: DVC decides what is stale and runs it
     otfed results [--out FILE] [--reports DIR]    the results page of the last run (flows/results.py)
-    otfed doctor [--params FILE]                  check the environment, one line per check (flows/doctor.py)
+    otfed doctor [--params FILE] [--fix]          check the environment, one line per check (flows/doctor.py);
+                                                  --fix cleans what killed stages left
 
 Thin: each command hands over to the module that does the work, imported inside the command so that
 ``otfed --help`` answers at once. Exit status: the command's own (2 for bad params or an unknown stage).
@@ -41,13 +42,18 @@ def run(stage: str = typer.Argument(..., help="The stage to run (partition, fed_
 @app.command(context_settings=PASS_THROUGH)
 def repro(args: Optional[List[str]] = typer.Argument(None, help="Stages, and any `dvc repro` option "
                                                                  "(--force, --dry, -s …).")) -> None:
-    """Reproduce the pipeline: the whole params.yaml validated, then `dvc repro [STAGES...]` (only what is stale
-    runs — a misspelt key in a group no stale stage reads would otherwise pass unnoticed)."""
+    """Reproduce the pipeline: the whole params.yaml validated, what killed stages left beside the outputs cleaned
+    (even when no stage is stale), then `dvc repro [STAGES...]` (only what is stale runs — a misspelt key in a
+    group no stale stage reads would otherwise pass unnoticed)."""
+    from flows import leftovers
     from flows.doctor import tool_path
-    from stages.params import main as validate_params_file
+    from stages.params import main as validate_params_file, stages
 
     if validate_params_file(["params.yaml"]) != 0:
         raise typer.Exit(2)
+    for found in leftovers.clean_stale(folder for stage in stages().values() for folder in stage.outputs):
+        if not found.quiet:
+            typer.echo(found.line(), err=True)
 
     dvc = tool_path("dvc")
     if dvc is None:
@@ -67,12 +73,14 @@ def results(args: Optional[List[str]] = typer.Argument(None, help="Passed on to 
 
 
 @app.command()
-def doctor(params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help=PARAMS_HELP)) -> None:
-    """Check the environment: Python, pinned packages, dvc and git, params, embedded data, CUDA, MLflow store.
-    One line per check (ok / FAIL / info); exit status 1 if any check FAILs."""
+def doctor(params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help=PARAMS_HELP),
+           fix: bool = typer.Option(False, "--fix", help="Clean what killed stages left: staging folders, "
+                                                         "MLflow runs left RUNNING.")) -> None:
+    """Check the environment: Python, pinned packages, dvc and git, params, embedded data, CUDA, MLflow store,
+    leftovers of killed stages. One line per check (ok / FAIL / info); exit status 1 if any check FAILs."""
     from flows import doctor as checks
 
-    raise typer.Exit(checks.run(params, echo=typer.echo))
+    raise typer.Exit(checks.run(params, echo=typer.echo, fix=fix))
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ The checks, in order: the Python version (``requires-python``); the key packages
 ``requirements.lock`` pins (:data:`KEY_PACKAGES`); ``dvc`` and ``git`` on the PATH (or beside this Python,
 in its virtual environment); ``params.yaml`` valid (and, when it is not, which stages can still run: each
 validates only the groups it needs); the embedded files ``partition`` reads present in ``data/raw``; CUDA
-(information only: every stage runs on the CPU); the MLflow store writable. Any FAIL → exit status 1.
+(information only: every stage runs on the CPU); the MLflow store writable; what killed stages left behind
+(information; ``--fix`` cleans it). Any FAIL → exit status 1.
 
 The pipeline's own code (``stages``, ``otfed``, torch, MLflow) is imported inside the checks, and a check that
 raises becomes a FAIL line: a broken environment is what the doctor is for, so it must not crash on it.
@@ -187,6 +188,46 @@ def mlflow_store() -> Check:
     return Check("ok", "mlflow", f"{uri} writable")
 
 
+def leftovers(fix: bool = False) -> Check:
+    """What killed stages left in this project (:mod:`flows.leftovers`): staging folders, a previous-outputs folder
+    stranded mid-swap and owner records whose process is gone, beside every stage's output folders (relative to
+    the current folder), and MLflow runs such a process left RUNNING (:func:`flows.tracking.abandoned_runs`; in a
+    SQLite store that exists — a tracking server is not asked). Information only: the next stage cleans them
+    too. With ``fix`` they are cleaned now — folders removed (or put back), runs marked KILLED with a note."""
+    from flows import leftovers as left
+    from stages.params import stages
+
+    folders = [folder for stage in stages().values() for folder in stage.outputs]
+    found = [f.describe() for f in left.stale(folders) if not f.quiet]
+    done = [f.line() for f in left.clean_stale(folders) if not f.quiet] if fix else []
+    runs, closed = _abandoned_runs(fix)
+    if fix:
+        done += [f"MLflow run {run_id} marked KILLED" for run_id in closed]
+        return Check("ok", "leftovers", "; ".join(done) if done else "none")
+    found += [f"MLflow run {run_id} left RUNNING by a process that is gone" for run_id in runs]
+    if not found:
+        return Check("ok", "leftovers", "none")
+    return Check("info", "leftovers", f"{'; '.join(found)} — the next stage cleans them, or now: otfed doctor --fix")
+
+
+def _abandoned_runs(fix: bool) -> tuple[list[str], list[str]]:
+    """The ids of the MLflow runs a dead stage process left RUNNING, and of those marked KILLED (with ``fix``);
+    nothing where the store is not an existing SQLite file (the doctor creates no store and waits on no
+    server)."""
+    from flows import tracking
+
+    db = tracking.sqlite_path(tracking.tracking_uri())
+    if db is None or not db.is_file():
+        return [], []
+    client = tracking._client()
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    if experiment is None:
+        return [], []
+    if fix:
+        return [], tracking.close_abandoned_runs(client, experiment.experiment_id, by="otfed doctor --fix")
+    return [run.info.run_id for run in tracking.abandoned_runs(client, experiment.experiment_id)], []
+
+
 def _failed(what: str, exc: Exception) -> Check:
     return Check("FAIL", what, f"check failed: {type(exc).__name__}: {exc}")
 
@@ -199,8 +240,9 @@ def _guarded(what: str, check: Callable[[], Check]) -> Check:
         return _failed(what, exc)
 
 
-def checks(params_path: Path, lock: Path = Path("requirements.lock")) -> Iterable[Check]:
-    """Every check, in report order (lazily: each line can be printed as soon as it is known)."""
+def checks(params_path: Path, lock: Path = Path("requirements.lock"), fix: bool = False) -> Iterable[Check]:
+    """Every check, in report order (lazily: each line can be printed as soon as it is known); ``fix``: clean the
+    leftovers of killed stages (:func:`leftovers`)."""
     yield python_version()
     yield from packages(lock)
     yield from tools()
@@ -212,13 +254,14 @@ def checks(params_path: Path, lock: Path = Path("requirements.lock")) -> Iterabl
     yield _guarded("data", lambda: raw_data(view))
     yield _guarded("cuda", cuda)
     yield _guarded("mlflow", mlflow_store)
+    yield _guarded("leftovers", lambda: leftovers(fix))
 
 
-def run(params_path: Path, echo: Callable[[str], None] = print) -> int:
+def run(params_path: Path, echo: Callable[[str], None] = print, fix: bool = False) -> int:
     """Print every check, one line each (credentials in URIs hidden: :func:`flows.redaction.redact`); 1 if any
-    FAILed, else 0."""
+    FAILed, else 0. ``fix``: clean the leftovers of killed stages first (:func:`leftovers`)."""
     failed = False
-    for check in checks(params_path):
+    for check in checks(params_path, fix=fix):
         echo(redact(check.line()))
         failed |= check.status == "FAIL"
     return 1 if failed else 0

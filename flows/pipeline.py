@@ -27,6 +27,7 @@ import yaml
 
 from flows.prefect_server import project_api
 from flows.project import project_root
+from flows.redaction import hide_in_prefect_logs, redact
 from flows.stage import configure_prefect_environment, failure_lines
 from otfed.errors import ConfigError
 from stages.params import read_params_file, validate_params
@@ -34,6 +35,8 @@ from stages.params import read_params_file, validate_params
 configure_prefect_environment(verbose=True)
 
 from prefect import flow, get_run_logger  # noqa: E402
+
+hide_in_prefect_logs()  # DVC's lines and this flow's failure reach Prefect's database without credentials
 
 
 def dvc_command(stages: list[str] | None = None, set_params: dict[str, str] | None = None,
@@ -108,7 +111,7 @@ def pipeline(stages: list[str] | None = None, set_params: dict[str, str] | None 
             tail.append(line)
             logger.info(line)
     if proc.wait() != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n" + "\n".join(tail))
+        raise RuntimeError(redact(f"{' '.join(cmd)} exited with {proc.returncode}:\n" + "\n".join(tail)))
     return proc.returncode
 
 

@@ -36,6 +36,11 @@ machine report to the project's Prefect server (:mod:`flows.prefect_server`) ins
 that server listens on 127.0.0.1 only, so for workers on other hosts start a real server and export
 ``PREFECT_API_URL`` (README, "Scaling out").
 
+**A lost worker.** A worker killed under a task (the out-of-memory killer, ``kill -9``, a crash) surfaces as
+distributed's ``KilledWorker`` or a bare ``CommClosedError … Stream is closed``; :func:`lost_workers_named` turns
+either into one :class:`DaskWorkerLost` line naming the worker (from the error, else the worker that left the
+scheduler) and what to do: its log and memory, restarting it, or the ``thread`` runner.
+
 **One BLAS thread per task.** Dask worker processes start with one BLAS / OpenMP thread each
 (``distributed``'s default ``OMP_NUM_THREADS=1``), and a stage's own process runs its numpy BLAS with one
 thread too (:func:`one_blas_thread`, around the whole stage), as its torch code on CPU does
@@ -48,6 +53,7 @@ cores, and the ``fed_distance`` stage's jobs ran *slower* on two threads than on
 from __future__ import annotations
 
 import pickle
+import re
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
@@ -201,6 +207,93 @@ def check_dask_address(address: str, timeout: float = 10.0) -> int:
         raise ConfigError(f"{key}: the Dask scheduler at {address!r} has no workers; start some "
                           f"(`dask worker {address}`)")
     return workers
+
+
+class DaskWorkerLost(RuntimeError):
+    """A Dask worker died (killed, out of memory, crashed) or dropped its connection while it ran the stage's
+    tasks; the message names the worker and what to do (:func:`worker_lost`)."""
+
+
+# what distributed raises when a worker dies under a task or its connection closes (by class name: tornado's
+# StreamClosedError need not be importable, and a KilledWorker may come back from the scheduler re-created)
+WORKER_FAILURES = frozenset({"KilledWorker", "CommClosedError", "FatalCommClosedError", "StreamClosedError"})
+
+
+def worker_addresses(client: Any) -> set[str] | None:
+    """The addresses of the workers the scheduler behind ``client`` has now; None when it cannot be asked (its
+    connection may be what failed)."""
+    try:
+        return set(client.scheduler_info(n_workers=-1).get("workers", {}))
+    except Exception:  # a closed comm, a timeout: nothing to learn from the scheduler
+        return None
+
+
+def worker_failure(exc: BaseException) -> BaseException | None:
+    """The worker failure behind ``exc`` — itself or an exception it was raised from (``__cause__`` /
+    ``__context__``) of a :data:`WORKER_FAILURES` class, or the ``OSError`` of an actor whose worker is gone —
+    else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ in WORKER_FAILURES or (
+                isinstance(current, OSError) and "Actor's worker" in str(current)):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def worker_lost(exc: BaseException, scheduler: str | None, before: set[str] | None,
+                after: set[str] | None) -> DaskWorkerLost | None:
+    """The one-line error of a stage whose Dask worker was lost, or None when ``exc`` is no worker failure
+    (:func:`worker_failure`). The worker is named by the failure itself (a KilledWorker's last worker, the
+    ``remote=`` end of a closed connection), else by the workers the scheduler had when the stage's tasks went
+    out (``before``) and has no more (``after``; either None: the scheduler could not be asked).
+    ``scheduler``: ``run.dask_address`` (None: the stage's own local cluster), for what to do."""
+    failure = worker_failure(exc)
+    if failure is None:
+        return None
+    killed = type(failure).__name__ == "KilledWorker"
+    # "The last worker that attempt to run the task was tcp://…" / "<TCP (closed) … remote=tcp://…>"
+    named = re.findall(r"(?:remote=|task was )([a-z]+://[\w.\-\[\]:]*:\d+)", str(failure))
+    gone = sorted(before - after) if before is not None and after is not None else []
+    named = [a for a in dict.fromkeys(named) if a != scheduler] or gone
+    who = (f"Dask worker {named[0]}" if len(named) == 1 else f"Dask workers {', '.join(named)}" if named
+           else "a Dask worker")
+    if killed and isinstance(getattr(failure, "allowed_failures", None), int):
+        what = f"KilledWorker: the task died with each of the {failure.allowed_failures + 1} workers that ran it"
+    elif killed:
+        what = "KilledWorker: the task died with every worker that ran it"
+    else:
+        what = f"{type(failure).__name__}: {' '.join(str(failure).split())[:160]}"
+    if scheduler:
+        return DaskWorkerLost(f"{who} of the scheduler at {scheduler} was lost while running this stage's tasks "
+                              f"({what}); see that worker's log and memory (an out-of-memory kill: `dmesg | grep -i "
+                              f"oom` on its host), restart it (`dask worker {scheduler} …`, docs/scaling.md) and run "
+                              "the stage again, or set run.task_runner: thread to run on this machine alone")
+    return DaskWorkerLost(f"{who} of the stage's local Dask cluster was lost while running its tasks ({what}); "
+                          "the usual cause is memory (an out-of-memory kill: `dmesg | grep -i oom`): lower "
+                          "run.max_workers, or set run.task_runner: thread")
+
+
+@contextmanager
+def lost_workers_named(client: Any, scheduler: str | None) -> Iterator[None]:
+    """Run the block; a worker failure raised in it (:func:`worker_failure`) becomes :func:`worker_lost`'s
+    :class:`DaskWorkerLost`, raised from it and keeping its notes (the task it came from). Nothing to do without
+    a Dask ``client``."""
+    if client is None:
+        yield
+        return
+    before = worker_addresses(client)
+    try:
+        yield
+    except Exception as exc:
+        lost = worker_lost(exc, scheduler, before, worker_addresses(client))
+        if lost is None:
+            raise
+        for note in getattr(exc, "__notes__", []):
+            lost.add_note(note)
+        raise lost from exc
 
 
 def scatter_shared(client: Any, calls: list[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ entry point: the stage modules in ``stages/`` never import ``flows``.
 2. the stage runs as a Prefect flow named after it, with the task runner of ``run.task_runner``; a progress
    line per finished task (done / total, elapsed, ETA) goes to stderr and, as an INFO log, to the flow run
    in the Prefect UI;
-3. :func:`run_stage`: every output folder of the stage is built in a staging folder and swapped in only
+3. :func:`run_stage`: first what killed stages left beside any stage's outputs is cleaned where its owner
+   process is gone (:mod:`flows.leftovers`); every output folder of the stage is built in a staging folder,
+   owned by this process (pid and start time, recorded beside it), and swapped in only
    when the whole stage succeeds; one MLflow run (tags ``stage``, ``git_commit``, ``params_hash``) holds
    the params it read, the report's tables and figures, its nested variant runs and ``metrics.json``;
    the stage's jobs fan out as Prefect tasks (one task run per job) and their results reach the report by job
@@ -52,9 +54,9 @@ from typing import Any, Iterator, Mapping
 import pandas as pd
 import yaml
 
-from flows import prefect_server, project, runners, tracking
+from flows import leftovers, prefect_server, project, runners, tracking
 from flows.caller import CallerGone, Lifeline, arm, armed, disarm
-from flows.redaction import RedactingFormatter, redact
+from flows.redaction import RedactingFormatter, exceptions_hidden, hide_in_prefect_logs, redact, unhidden
 from otfed import io
 from otfed.cpu_kernels import hold_torch_kernels, kernels_in_use, portability_gaps
 from otfed.errors import ConfigError, OtfedError
@@ -126,7 +128,7 @@ def announce(label: str, message: str) -> None:
     from prefect.context import FlowRunContext
     from prefect.logging import get_run_logger
 
-    line = f"[{label}] {message}"
+    line = redact(f"[{label}] {message}")
     print(line, file=sys.stderr, flush=True)
     if FlowRunContext.get() is not None:
         get_run_logger().info(line)
@@ -148,8 +150,10 @@ def _run_batch(names: list[str], fns: list[Any], calls: list[Mapping[str, Any]])
     """:func:`_run_job` of each ``Job(name, fn, kwargs)`` in turn: one task's parameters (a Dask task runner
     resolves the futures of scattered arguments inside ``calls`` before the call). Returns their results and
     the process's :func:`kernel_gaps` (a ``dask worker`` started by hand may run other CPU kernels than the
-    stage's process: the stage says so)."""
-    return [_run_job(Job(name, fn, kwargs)) for name, fn, kwargs in zip(names, fns, calls)], kernel_gaps()
+    stage's process: the stage says so). A failure whose text holds a credential leaves as its redacted stand-in
+    (:func:`flows.redaction.exceptions_hidden`): Prefect stores a failed task's exception."""
+    with exceptions_hidden():
+        return [_run_job(Job(name, fn, kwargs)) for name, fn, kwargs in zip(names, fns, calls)], kernel_gaps()
 
 
 @functools.cache
@@ -173,10 +177,7 @@ def fan_out(jobs: list[Job], label: str = "stage", mix_kinds: bool = False) -> l
     :func:`flows.runners.batches` group of jobs (a Dask task costs far more than a thread's); with
     ``mix_kinds`` (the ``thread`` runner) submitted in :func:`flows.runners.submission_order` of their task
     functions. Outside a flow run they run in-process, in order."""
-    from prefect import task
-    from prefect.cache_policies import NO_CACHE
     from prefect.context import FlowRunContext
-    from prefect.futures import as_completed
 
     progress = Progress(label, len(jobs))
     if FlowRunContext.get() is None:
@@ -185,8 +186,21 @@ def fan_out(jobs: list[Job], label: str = "stage", mix_kinds: bool = False) -> l
             results.append(_run_job(job))
             progress.step(job.name)
         return results
+    task_runner = FlowRunContext.get().task_runner
+    client = runners.dask_client(task_runner)
+    # a worker lost on the way — killed, out of memory — is named, with what to do (not a bare CommClosedError)
+    with runners.lost_workers_named(client, getattr(task_runner, "address", None)):
+        return _fan_out_as_tasks(jobs, label, mix_kinds, client, progress)
+
+
+def _fan_out_as_tasks(jobs: list[Job], label: str, mix_kinds: bool, client: Any, progress: Progress) -> list[Any]:
+    """:func:`fan_out` inside a flow run: the jobs as Prefect task runs of the flow's task runner (``client``: its
+    Dask client, if any); results in job order."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.futures import as_completed
+
     calls = [dict(job.kwargs) for job in jobs]
-    client = runners.dask_client(FlowRunContext.get().task_runner)
     order = runners.submission_order([job.fn for job in jobs]) if mix_kinds else range(len(jobs))
     groups = [[k] for k in order]
     if client is not None:  # large / shared arguments go to the cluster once, the jobs carry references
@@ -258,10 +272,17 @@ class TrackedReport:
                 self._log_timing(path, name)
                 if markdown:
                     self._log_timing(io.write_text(io.markdown_table(frame), path.with_suffix(".md")), name)
-        return self._run.log_table(committed_table(frame), self._out / name, markdown=markdown)
+        committed = committed_table(frame)
+        path = io.write_csv(committed, self._out / name)
+        self._run.log_artifact(path)
+        if markdown:
+            self._run.log_artifact(io.write_text(io.markdown_table(committed), path.with_suffix(".md")))
+        return path
 
     def figure(self, fig: Any, name: str) -> Path:
-        return self._run.log_figure(fig, self._out / name)
+        path = io.save_figure(fig, self._out / name)
+        self._run.log_artifact(path)
+        return path
 
     def timing_figure(self, fig: Any, name: str) -> None:
         with tempfile.TemporaryDirectory(prefix="otfed-timings-") as tmp:
@@ -323,8 +344,10 @@ def run_stage(stage: Stage | str, params: Any, lifeline: Lifeline | None = None)
         raise ConfigError(f"params.yaml: {stage.name}: required key is missing")
     read = params_read(p, stage)
     start = time.monotonic()
-    with runners.one_blas_thread(), tracking.stage_run(stage.name, tracking.flatten(read), tracking.params_hash(read),
-                            description=description(stage)) as run, ExitStack() as staged:
+    clear_leftovers(stage)
+    with runners.one_blas_thread(), leftovers.owning(stage.name, stage.outputs), \
+            tracking.stage_run(stage.name, tracking.flatten(read), tracking.params_hash(read),
+                               description=description(stage)) as run, ExitStack() as staged:
         dirs = {folder: staged.enter_context(io.staged_directory(folder)) for folder in stage.outputs}
         hold_torch_kernels()
         jobs = stage.jobs(p, dirs)
@@ -353,6 +376,17 @@ def run_stage(stage: Stage | str, params: Any, lifeline: Lifeline | None = None)
             lifeline.check()  # the last step before the swap: nobody is left to record these outputs
     announce(stage.name, f"done in {_clock(time.monotonic() - start)} → {', '.join(stage.outputs)}")
     return metrics
+
+
+def clear_leftovers(stage: Stage) -> list[leftovers.Leftover]:
+    """Clean what killed stages left beside *every* stage's output folders (and ``stage``'s own) — staging
+    folders, a previous-outputs folder a kill stranded mid-swap, owner records — where their owner process is
+    gone (:func:`flows.leftovers.clean_stale`; a live stage's are kept), one line each. Returns what was done."""
+    done = leftovers.clean_stale([*output_owners(), *stage.outputs])
+    for found in done:
+        if not found.quiet:
+            announce(stage.name, found.line())
+    return done
 
 
 def record_kernels(label: str, run: tracking.TrackedRun) -> None:
@@ -548,12 +582,15 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], life
     from prefect import flow, tags  # configures logging: the console level and the log file go on afterwards
 
     _quiet_console(verbose)
+    hide_in_prefect_logs()  # what Prefect's handlers send to its database, credentials hidden
 
     def stage_flow(params: dict[str, Any]) -> dict[str, Any]:
         accept_interrupts()  # the flow runs: an interrupt now ends it as crashed
         # ``params`` is what the Prefect UI shows; p is validated. The lifeline comes through armed(), never
-        # held here: Dask pickles this function by value with the tasks, and a lifeline's lock cannot be pickled
-        return run_stage(the_stage, p, armed())
+        # held here: Dask pickles this function by value with the tasks, and a lifeline's lock cannot be pickled.
+        # Prefect stores a failed flow's exception: one whose text holds a credential leaves redacted
+        with exceptions_hidden():
+            return run_stage(the_stage, p, armed())
 
     # tasks still running when a stage fails or is interrupted finish before the interpreter exits (threads
     # cannot be stopped) and may write into a staging folder already removed: remove it at the very end
@@ -569,6 +606,7 @@ def _run_flow(the_stage: Stage, p: Any, verbose: bool, received: list[str], life
         except BaseException as exc:
             if isinstance(exc, SystemExit):
                 raise
+            exc = unhidden(exc)  # the failure itself, not the redacted stand-in Prefect stored
             if received or not isinstance(exc, Exception):  # Ctrl-C / SIGTERM, or Prefect's TerminationSignal
                 name = received[0] if received else str(exc) or (
                     "SIGTERM" if getattr(exc, "signal", None) == signal.SIGTERM else "SIGINT")

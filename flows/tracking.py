@@ -41,8 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
-import pandas as pd
-
 from flows import project
 from otfed import io
 
@@ -240,24 +238,7 @@ class TrackedRun:
         for k, v in tags.items():
             self.client.set_tag(self.run_id, k, str(v))
 
-    # -- files
-    def log_table(self, frame: pd.DataFrame, path: str | Path, markdown: bool = True) -> Path:
-        """Write ``frame`` atomically as CSV (and a Markdown twin) and log both as artifacts."""
-        path = Path(path)
-        io.write_csv(frame, path)
-        self.log_artifact(path)
-        if markdown:
-            md = path.with_suffix(".md")
-            io.write_text(io.markdown_table(frame), md)
-            self.log_artifact(md)
-        return path
-
-    def log_figure(self, fig: Any, path: str | Path) -> Path:
-        """Save a matplotlib figure atomically as PNG and log it as an artifact."""
-        path = io.save_figure(fig, path)
-        self.log_artifact(path)
-        return path
-
+    # -- files (written by the caller: this module only logs, it never writes an output)
     def log_artifact(self, path: str | Path) -> None:
         """Log a file under its final path relative to the repository (e.g. ``reports/fed_distance``)."""
         final = io.final_location(Path(path).resolve())
@@ -307,7 +288,7 @@ def stage_run(stage: str, params: Any, params_hash: str, experiment: str = EXPER
     """
     client = _client()
     exp_id = _experiment_id(client, experiment)
-    for run_id in close_abandoned_runs(client, exp_id):
+    for run_id in close_abandoned_runs(client, exp_id, by=f"the start of stage {stage} (pid {os.getpid()})"):
         log.warning("MLflow run %s was left RUNNING by a process that no longer exists: marked KILLED", run_id)
     tags = {"stage": stage, "git_commit": git_commit(), "params_hash": params_hash, **owner_tags()}
     if os.environ.get("DVC_EXP_NAME"):
@@ -331,14 +312,14 @@ def owner_tags() -> dict[str, str]:
     return dict(zip(OWNER, (socket.gethostname(), str(os.getpid()), repr(psutil.Process().create_time()))))
 
 
-def close_abandoned_runs(client: Any, experiment_id: str) -> list[str]:
-    """Mark KILLED every run of the experiment still RUNNING whose owner (:func:`owner_tags`) is a process of this
-    host that no longer exists — a stage killed by SIGKILL or the OOM killer never ends its run. Runs owned by a
-    live process, by another host, or without owner tags are left alone. Returns the run ids marked."""
+def abandoned_runs(client: Any, experiment_id: str) -> list[Any]:
+    """Every run of the experiment still RUNNING whose owner (:func:`owner_tags`) is a process of this host that no
+    longer exists (pid *and* start time) — a stage killed by SIGKILL or the OOM killer never ends its run. Runs
+    owned by a live process, by another host, or without owner tags are not among them."""
     import psutil
 
     host = socket.gethostname()
-    marked = []
+    found = []
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
                                   max_results=1000):
         tags = run.data.tags
@@ -349,8 +330,25 @@ def close_abandoned_runs(client: Any, experiment_id: str) -> list[str]:
         except (psutil.NoSuchProcess, ValueError):
             alive = False
         if not alive:
-            client.set_terminated(run.info.run_id, "KILLED")
-            marked.append(run.info.run_id)
+            found.append(run)
+    return found
+
+
+def close_abandoned_runs(client: Any, experiment_id: str, by: str = "the next stage") -> list[str]:
+    """Mark KILLED every :func:`abandoned_runs` run, with a note on its page (``mlflow.note.content``, after its
+    description; also tag ``otfed.end_note``) saying which process left it and who closed it (``by``). Returns
+    the run ids marked."""
+    marked = []
+    for run in abandoned_runs(client, experiment_id):
+        tags = run.data.tags
+        note = (f"Marked KILLED by {by}: the process that ran it (pid {tags[OWNER[1]]} on {tags[OWNER[0]]}) "
+                "no longer exists — killed by SIGKILL, the out-of-memory killer or a reboot before it could end "
+                "the run.")
+        described = tags.get("mlflow.note.content", "")
+        client.set_tag(run.info.run_id, "otfed.end_note", note)
+        client.set_tag(run.info.run_id, "mlflow.note.content", f"{described}\n\n{note}" if described else note)
+        client.set_terminated(run.info.run_id, "KILLED")
+        marked.append(run.info.run_id)
     return marked
 
 

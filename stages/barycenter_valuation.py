@@ -57,7 +57,7 @@ from otfed.valuation.reconstruction import (accuracy_utility, gtg_shapley, multi
                                             one_round_reconstruction)
 from stages import layout
 from stages.params import server_split_federation
-from stages.stage import Job, Report, Results, Stage, timed
+from stages.stage import Job, Report, Results, Stage, check_memory, timed
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -227,10 +227,31 @@ def inputs(p: Params) -> list[Path]:
 
 def preflight(p: Params) -> None:
     """Every federation read holds what the partition format declares (labels, client indices, lengths,
-    shapes, the manifest's sizes) and finite features (FedBary values every client: none can be left out) —
-    before any server starts (DataError / DegenerateClientError naming the file otherwise)."""
+    shapes, the manifest's sizes) and finite features within the float32 bound (FedBary values every client:
+    none can be left out), its projection fits it (:meth:`~otfed.data.parties.FeatureProjection.check_fits`),
+    and the duplication's arrays fit in this machine's memory (:func:`duplication_memory`) — before any server
+    starts (DataError / DegenerateClientError naming the file, ConfigError naming the key, otherwise)."""
+    bv = p.barycenter_valuation
     for name in federations(p):
-        load_federation(name, layout.PARTITIONS, require_finite=True)
+        fed = load_federation(name, layout.PARTITIONS, require_finite=True)
+        bv.check_fits(fed, Path(layout.PARTITIONS) / f"{name}.npz", "barycenter_valuation")
+        if name == bv.duplication.federation:
+            check_memory(duplication_memory(bv.duplication, len(fed.rows(bv.duplication.client))))
+
+
+def duplication_memory(u: DuplicationParams, n: int) -> list[tuple[str, int, str]]:
+    """(key, bytes, what) of the largest array the duplication job holds per setting
+    (:func:`~stages.stage.check_memory`), for a client of ``n`` training rows: the exact W's float64 cost
+    matrix and plan between the duplicated data (k·n atoms for ``copies`` k, n + datum_copies − 1 for the
+    datum) and Q's ``validation_samples`` atoms — a lower bound of the job's memory. Pure."""
+    v = u.validation_samples
+    out = [(f"barycenter_valuation.duplication.copies[{i}]", 2 * 8 * k * n * v,
+            f"{k} copies of the {n} rows: the exact W's {k * n} × {v} cost matrix and plan (float64)")
+           for i, k in enumerate(u.copies)]
+    m = n + u.datum_copies - 1
+    out.append(("barycenter_valuation.duplication.datum_copies", 2 * 8 * m * v,
+                f"{u.datum_copies} copies of one datum: the exact W's {m} × {v} cost matrix and plan (float64)"))
+    return out
 
 
 # -------------------------------------------------------------------------------------------- jobs

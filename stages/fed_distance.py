@@ -38,9 +38,9 @@ from pydantic import Field, field_validator
 
 from otfed import io
 from otfed.clustering import spectral_clusters
-from otfed.data.features import fit_pca, reduce_features
+from otfed.data.features import check_pca_components, fit_pca, reduce_features
 from otfed.data.gaussians import gaussian_pair
-from otfed.data.store import VAL, FederationData, load_federation
+from otfed.data.store import VAL, FederationData, bounded_federation, load_federation
 from otfed.device import stage_device, threads_for
 from otfed.errors import DegenerateClientError, SupportGrowthError
 from otfed.federation.coresets import (CoresetClassifier, CoresetConfig, client_coresets, client_seed,
@@ -59,7 +59,7 @@ from otfed.privacy.dp import DPConfig, dp_federated_wasserstein, gaussian_epsilo
 from otfed.schema import InterpolationTime, PositiveInt, Strict
 from stages import layout
 from stages.params import named_federation, server_split_federation
-from stages.stage import Job, Report, Results, Stage, committed_table, timed
+from stages.stage import Job, Report, Results, Stage, check_memory, committed_table, timed
 
 if TYPE_CHECKING:
     from stages.params import Params
@@ -275,16 +275,82 @@ def inputs(p: Params) -> list[Path]:
 
 
 def preflight(p: Params) -> None:
-    """Every federation read holds what the partition format declares (labels, client indices, lengths,
-    shapes, the manifest's sizes), and the OTDD and clustering federations have two usable clients — before
-    any server starts (DataError / DegenerateClientError naming the file or the federation otherwise)."""
+    """The toy study's arrays fit in this machine's memory (:func:`toy_memory`); every federation read holds
+    what the partition format declares (labels, client indices, lengths, shapes, the manifest's sizes) and
+    features small enough for float32 distances (:func:`~otfed.data.store.bounded_federation`); the OTDD and
+    clustering federations have two usable clients; the privacy study's pairs are usable clients with held-out
+    rows and its server validation split a usable FedBary reference (:func:`check_privacy_data`) — before any
+    server starts (ConfigError naming the key, DataError / DegenerateClientError naming the file or the
+    federation otherwise)."""
     fd = p.fed_distance
+    check_memory(toy_memory(fd.toy))
     compared = {fd.otdd.federation: fd.otdd.diagonal,
                 **{name: fd.clustering.diagonal for name in fd.clustering.federations}}
+    # (federation, key, components) of every PCA the stage fits on a federation's test split (public data)
+    pcas = [(name, "fed_distance.coresets.pca_components", fd.coresets.pca_components)
+            for name in (fd.coresets.federations if fd.coresets is not None else [])]
+    pcas += [(fd.privacy.federation, "fed_distance.privacy.pca_components", fd.privacy.pca_components)] \
+        if fd.privacy is not None else []
     for name in federations_read(p):
-        fed = load_federation(name, layout.PARTITIONS)
+        source = Path(layout.PARTITIONS) / f"{name}.npz"
+        fed = bounded_federation(load_federation(name, layout.PARTITIONS), source)
         if name in compared:
             roster_of(fed, compared[name])
+        for key, k in ((key, k) for federation, key, k in pcas if federation == name):
+            check_pca_components(k, *fed.x_test.shape, key, f"the test split of {source}")
+    if fd.privacy is not None:
+        check_privacy_data(p, privacy_data(p))
+
+
+# float64 bytes of an n × m cost matrix and its transport plan, which an exact or FedWaD solve holds at once
+PLAN_BYTES = 2 * 8
+
+
+def toy_memory(toy: ToyParams) -> list[tuple[str, int, str]]:
+    """(key, bytes, what) for each array a toy job must hold (:func:`~stages.stage.check_memory`): a lower bound
+    of the job's memory (the solvers need more besides). Per d and n of :func:`toy_cases`, with m = n / ratio
+    for the smallest ratio: the exact W's n × m cost matrix and plan (float64; POT's network simplex), FedWaD's
+    n × S ones per support S, the two samples (n + m points of d float64 coordinates); the convergence runs'
+    n × n ones (S up to n). Pure."""
+    out = []
+    for k, d in enumerate(toy.dims):
+        for i, n in enumerate(toy.n_values):
+            m = max(n // r for r in toy.ratios)
+            if m < 1:
+                continue
+            out.append((f"fed_distance.toy.n_values[{i}]", PLAN_BYTES * n * m,
+                        f"n = {n}: the exact W's {n} × {m} cost matrix and plan (float64)"))
+            out += [(f"fed_distance.toy.supports[{j}]", PLAN_BYTES * n * s,
+                     f"S = {s}: FedWaD's {n} × {s} cost matrix and plan at n = {n} (float64)")
+                    for j, s in enumerate(toy.supports)]
+            out.append((f"fed_distance.toy.dims[{k}]", 8 * d * (n + m),
+                        f"d = {d}: {n} + {m} samples of {d} float64 coordinates"))
+    n = toy.convergence_n
+    out.append(("fed_distance.toy.convergence_n", PLAN_BYTES * n * n,
+                f"n = {n}: the convergence runs' {n} × {n} cost matrix and plan (float64)"))
+    return out
+
+
+def check_privacy_data(p: Params, data: PrivacyData) -> None:
+    """DegenerateClientError naming the key unless every ``fed_distance.privacy.pairs`` entry names usable
+    clients, the target with held-out rows (:func:`_privacy_pair`), and — where FedBary takes the server's
+    validation split as its reference (``fedbary_validation`` or ``dp.fedbary``) — that split (the first
+    ``validation_samples`` test rows) is a usable labelled measure: every class in it with at least two
+    rows (:func:`~otfed.ot.otdd.augmented_measure`)."""
+    cfg = p.fed_distance.privacy
+    for i, pair in enumerate(cfg.pairs):
+        _privacy_pair(data, i, pair)
+    uses_validation = (("fedbary" in cfg.protocols and True in cfg.fedbary_validation)
+                       or (cfg.dp is not None and cfg.dp.fedbary))
+    if uses_validation:
+        try:
+            augmented_measure(data.validation, diagonal=True)
+        except DegenerateClientError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            raise DegenerateClientError(
+                f"fed_distance.privacy.validation_samples: the server's validation split of {cfg.federation!r} (its "
+                f"first {cfg.validation_samples} test rows, FedBary's reference) is degenerate: {reason}; take more "
+                "rows (or set fedbary_validation: [false] and dp.fedbary: false)") from None
 
 
 # -------------------------------------------------------------------------------------------- jobs

@@ -79,9 +79,12 @@ def inputs(p: Params) -> list[Path]:
 def preflight(p: Params) -> None:
     """Every federation read holds what the partition format declares (labels, client indices, lengths,
     shapes, the manifest's sizes) and finite features (every client values its data: none can be left
-    out) — before any server starts (DataError / DegenerateClientError naming the file otherwise)."""
+    out) and within the float32 bound, and its projection fits it
+    (:meth:`~otfed.data.parties.FeatureProjection.check_fits`) — before any server starts (DataError /
+    DegenerateClientError naming the file, ConfigError naming the key, otherwise)."""
     for name in p.noisy_removal.federations:
-        load_federation(name, layout.PARTITIONS, require_finite=True)
+        fed = load_federation(name, layout.PARTITIONS, require_finite=True)
+        p.noisy_removal.check_fits(fed, Path(layout.PARTITIONS) / f"{name}.npz", "noisy_removal")
 
 
 # -------------------------------------------------------------------------------------------- jobs

@@ -38,10 +38,17 @@ RUN_RESULT_KEYS = ("run.seed", "run.device")
 DASK_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx)://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}$")
 
 
+# the largest run.seed: scikit-learn's random_state (the PCA of partition, spectral clustering, logistic regression)
+# takes 0 … 2**32 − 1 and torch's manual_seed 0 … 2**64 − 1 (numpy's SeedSequence any size); the stages pass
+# run.seed + k on, k below a few hundred (the seeds counts ≤ 100, a task's party index, +1 / +2 for a second
+# generator), so 2**31 − 1 keeps every seed they derive within both (2**70 overflowed inside a task before)
+SEED_MAX = 2**31 - 1
+
+
 class RunParams(Strict):
     """Settings shared by every stage."""
 
-    seed: int = Field(0, ge=0, description="Global seed; the same params give the same numbers twice.")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Global seed; the same params give the same numbers twice.")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N — where torch code runs.")
     task_runner: Literal["thread", "sequential", "dask"] = Field(
         "thread", description="How a stage's tasks run: threads of its process, one after another, or on a Dask "
@@ -275,12 +282,19 @@ def validate_params(data: Any, source: str = "params.yaml", stage: Stage | str |
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader that refuses a key repeated in one mapping (plain YAML keeps the last silently)."""
+    """YAML's safe loader that refuses a key repeated in one mapping (plain YAML keeps the last silently).
+    Merge keys (``<<: *anchor``) are YAML's own: the keys written beside one override the merged ones, as in
+    every YAML reader (DVC's too), and only the keys written in the mapping itself must be distinct."""
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == MERGE_TAG:  # ``<<``: merged by construct_mapping below, not a key of its own
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(

@@ -16,11 +16,13 @@ import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
 from otfed import io
+from otfed.data.features import check_pca_components
 from otfed.data.federations import FederationSpec, build_federation, check_image_shapes
 from otfed.data.images import IMAGE_DATASETS, SPLITS, load_images
 from otfed.data.store import save_federation
 from otfed.data.text import TextTask, TextTaskSpec, build_text_federation, federation_summary, save_text_federation
 from otfed.data.text.raw import RAW_FILES, SOURCES, read_columns
+from otfed.errors import ConfigError
 from otfed.figures.partition import class_histograms
 from otfed.schema import Strict
 from stages import layout
@@ -100,17 +102,76 @@ def inputs(p: Params) -> list[Path]:
 
 def preflight(p: Params) -> None:
     """Every raw file the configured federations and tasks read opens and has the expected keys / columns,
-    labels in range, as many labels as images (:func:`~otfed.data.images.load_images`), and the images each
-    federation draws from give one feature size (:func:`~otfed.data.federations.check_image_shapes`) —
-    checked before any server starts (DataFileError naming the file otherwise)."""
+    labels in range, as many labels as images (:func:`~otfed.data.images.load_images`), the images each
+    federation draws from give one feature size (:func:`~otfed.data.federations.check_image_shapes`) and hold
+    the rows its sizes (:func:`check_row_counts`) and its PCA (:func:`check_pca`) ask for — checked before any
+    server starts (DataFileError naming the file, ConfigError naming the key, otherwise)."""
     part = p.partition
-    shapes = {(name, split): load_images(name, split, part.data_dir).images.shape[1:]
+    images = {(name, split): load_images(name, split, part.data_dir).images.shape
               for name in image_datasets(part) for split in SPLITS}
+    shapes = {key: shape[1:] for key, shape in images.items()}
     for name, spec in part.federations.items():
         check_image_shapes(name, spec, shapes, part.data_dir)
+        check_row_counts(name, spec, {key: shape[0] for key, shape in images.items()}, part.data_dir)
+        check_pca(name, spec, images, part.data_dir)
     for path in raw_files(part):
         if path.name.endswith(".csv.gz"):
             read_columns(path, [])  # the header parses and the whole gzip stream decompresses
+
+
+def check_row_counts(name: str, spec: FederationSpec, rows: Mapping[tuple[str, str], int], data_dir: str) -> None:
+    """ConfigError naming the key, the rows there are and the file unless federation ``name`` asks for no more
+    rows than its image splits hold (``rows``: (dataset, split) → row count): ``samples`` and a by-dataset
+    ``samples_per_client`` at most the train split's rows, a FedBary case's ``n_clients × samples_per_client``
+    too (its clients are disjoint), ``test_samples`` at most the test split's. Partitioning would otherwise
+    take every row there is and write the larger number asked for into the manifest."""
+    key = f"partition.federations.{name}"
+
+    def refuse(field: str, asked: str, dataset: str, split: str, allowed: str = "") -> None:
+        path, n = Path(data_dir) / IMAGE_DATASETS[dataset], rows[(dataset, split)]
+        raise ConfigError(f"{key}.{field}: {asked}, but {path} holds {n} {split} rows (x_{split}); "
+                          f"{allowed or f'at most {n}'}", keys=(f"{key}.{field}",))
+
+    if spec.scheme == "by_dataset":
+        for dataset in spec.datasets:
+            if spec.samples_per_client > rows[(dataset, "train")]:
+                refuse("samples_per_client", f"{spec.samples_per_client} rows per dataset", dataset, "train")
+        return
+    train = rows[(spec.dataset, "train")]
+    if spec.scheme == "fedbary_case" and spec.n_clients * spec.samples_per_client > train:
+        refuse("samples_per_client", f"{spec.n_clients} clients × {spec.samples_per_client} rows = "
+               f"{spec.n_clients * spec.samples_per_client} rows", spec.dataset, "train",
+               f"at most {train // spec.n_clients} per client")
+    samples = getattr(spec, "samples", None)
+    if samples is not None and samples > train:
+        refuse("samples", f"{samples} rows (null: every row)", spec.dataset, "train")
+    if spec.test_samples > rows[(spec.dataset, "test")]:
+        refuse("test_samples", f"{spec.test_samples} rows", spec.dataset, "test")
+
+
+def check_pca(name: str, spec: FederationSpec, images: Mapping[tuple[str, str], tuple[int, ...]],
+              data_dir: str) -> None:
+    """ConfigError naming ``partition.federations.<name>.pca_components`` unless the PCA fits the rows it is
+    fitted on (:func:`~otfed.data.features.check_pca_components`): the server's test split (``test_samples``
+    rows), or — one client per dataset, or no test rows — the train rows drawn (not checked for a FedBary case
+    without test rows: its pool size depends on the case). ``images``: (dataset, split) → the images' shape."""
+    if not spec.pca_components:
+        return
+    first = spec.datasets[0] if spec.scheme == "by_dataset" else spec.dataset
+    shape = images[(first, "train")][1:]
+    side = (spec.image_size, spec.image_size) if spec.image_size else shape[:2]
+    d = side[0] * side[1] * (shape[2] if len(shape) == 3 else 1)
+    if spec.scheme == "by_dataset":
+        n = sum(min(spec.samples_per_client, images[(x, "train")][0]) for x in spec.datasets)
+        reference = f"the {n} train rows drawn from {', '.join(spec.datasets)}"
+    elif spec.test_samples:
+        n, reference = spec.test_samples, f"the server's test split of {Path(data_dir) / IMAGE_DATASETS[first]}"
+    elif spec.scheme != "fedbary_case":
+        n = spec.samples or images[(first, "train")][0]
+        reference = f"the train rows drawn from {Path(data_dir) / IMAGE_DATASETS[first]} (no test rows)"
+    else:
+        return
+    check_pca_components(spec.pca_components, n, d, f"partition.federations.{name}.pca_components", reference)
 
 
 # -------------------------------------------------------------------------------------------- jobs

@@ -74,7 +74,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protoco
 
 import pandas as pd
 
-from otfed.errors import DataFileError, WorkspaceError
+from otfed.errors import ConfigError, DataFileError, WorkspaceError
 from otfed.schema import Strict
 
 
@@ -389,6 +389,38 @@ def min_free_bytes() -> int:
 def free_bytes(path: Path) -> int:
     """Free bytes, for this user, on the disk that holds ``path`` (an existing folder)."""
     return shutil.disk_usage(path).free
+
+
+def memory_bytes() -> int:
+    """The memory this process can have at most: the machine's physical memory, or its control group's limit
+    (a container's) when that is lower. A job whose arrays alone need more cannot run here on any load."""
+    limits = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limits.append(int(Path(path).read_text().strip()))
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            pass
+    return min(limits)
+
+
+def check_memory(needs: Iterable[tuple[str, int, str]], memory: int | None = None) -> None:
+    """ConfigError naming the key of the first ``(key, bytes, what)`` of ``needs`` whose bytes exceed
+    ``memory`` (:func:`memory_bytes` when None): an array a job must hold that no run on this machine can, so
+    the stage fails before any server starts instead of with a MemoryError inside a task."""
+    memory = memory_bytes() if memory is None else memory
+    for key, need, what in needs:
+        if need > memory:
+            raise ConfigError(f"{key}: {what} alone need {readable_bytes(need)}, more than the "
+                              f"{readable_bytes(memory)} of memory this machine has; lower it", keys=(key,))
+
+
+def readable_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps the number ≥ 1 (``1.5 GiB``, ``142 PiB``)."""
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    k = 0
+    while n >= 1024 and k < len(units) - 1:
+        n, k = n / 1024, k + 1
+    return f"{n:,.0f} {units[k]}" if k == 0 or n >= 100 else f"{n:.1f} {units[k]}"
 
 
 def writable(path: Path) -> bool:

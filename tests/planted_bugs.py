@@ -1,11 +1,18 @@
-"""Does ``make test-fast`` catch a bug in a core formula? ``python -m tests.planted_bugs`` plants one bug at a time
-in a clone of the committed tree (``git clone``: tests that ask git about the tree find one; the working tree is
-never touched), runs test-fast's selection there with ``-x`` and prints, per bug, whether a test failed and which one first. Exit status 1 when a
-bug went unnoticed. Each bug is a one-line change of the formula an equation names; the list covers FedWaD,
-OTDD, FedAvg, FedBary, KNOT's weights and Semantic Distance. Not part of the suite: a run takes minutes.
+"""Does ``make test-fast`` catch a bug in a core formula or a guard? ``python -m tests.planted_bugs`` plants one bug
+at a time in a clone of the committed tree (``git clone``: tests that ask git about the tree find one; the working
+tree is never touched), runs test-fast's selection there with ``-x`` and prints, per bug, whether a test failed and
+which one first. Exit status 1 when a bug went unnoticed. Each bug is a one-line change: of the formula an equation
+names (FedWaD, OTDD, FedAvg, FedBary, KNOT's weights, Semantic Distance), of a solver's promise (the semi-dual's
+tolerance), of a threshold (the teacher gate, the FedWaD bracket's spread) or of a guard that keeps outputs and
+servers safe (the caller check before the swap, the stage preflights). Not part of the suite: a run takes minutes.
+
+``--worktree`` plants into a copy of the working tree as it is now (tracked and untracked files git does not
+ignore) instead of the last commit: to check new tests before they are committed. Words after the options keep
+only the bugs whose description contains one of them (``python -m tests.planted_bugs --worktree gate spread``).
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +44,21 @@ BUGS = [
     ("Semantic Distance: plain mean, not per label", "otfed/metrics.py",
      "return float(np.mean([errors[labels == label].mean() for label in np.unique(labels)]))",
      "return float(errors.mean())"),
+    ("stage: no caller check right before the swap", "flows/stage.py",
+     "lifeline.check()  # the last step before the swap", "pass  # the last step before the swap"),
+    ("semi-dual: convergence check 1000x looser than tol", "otfed/ot/semidual.py",
+     "    if err > tol:\n", "    if err > 1e3 * tol:\n"),
+    ("fed_distance preflight: two usable clients not checked", "stages/fed_distance.py",
+     "            roster_of(fed, compared[name])\n", "            pass\n"),
+    ("partition preflight: raw .csv.gz never read whole (Path.suffix is '.gz')", "stages/partition.py",
+     'if path.name.endswith(".csv.gz"):', 'if path.suffix == ".csv.gz":'),
+    ("teacher gate: > instead of >= at the threshold", "otfed/distill/diagnostics.py",
+     "info >= threshold", "info > threshold"),
+    ("FedWaD bracket: spread without the halving", "otfed/federation/fedwad.py",
+     "max(0.5 * (np.trace(m_mu.covariance) + np.trace(m_nu.covariance)), 0.0)",
+     "max(np.trace(m_mu.covariance) + np.trace(m_nu.covariance), 0.0)"),
+    ("FedWaD bracket: spread from mu's covariance twice", "otfed/federation/fedwad.py",
+     "np.trace(m_mu.covariance) + np.trace(m_nu.covariance)", "np.trace(m_mu.covariance) + np.trace(m_mu.covariance)"),
 ]
 
 
@@ -51,17 +73,38 @@ def _fast_run(tree: Path) -> tuple[int, float, str]:
     return done.returncode, time.monotonic() - start, first
 
 
-def main() -> int:
+def copy_worktree(tree: Path) -> None:
+    """Make the clone ``tree`` hold the working tree's files as they are now: tracked and untracked files that git
+    does not ignore are copied over, tracked files deleted in the working tree are deleted."""
+    def listed(*flags: str) -> list[str]:
+        out = subprocess.run(["git", "ls-files", "-z", *flags], cwd=REPO, capture_output=True, check=True).stdout
+        return [name for name in out.decode().split("\0") if name]
+
+    for name in listed("--deleted"):
+        (tree / name).unlink(missing_ok=True)
+    for name in listed("--cached", "--others", "--exclude-standard"):
+        if (REPO / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tree / name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    worktree = "--worktree" in args
+    words = [a for a in args if not a.startswith("--")]
+    bugs = [bug for bug in BUGS if not words or any(w.lower() in bug[0].lower() for w in words)]
     missed = 0
     with tempfile.TemporaryDirectory(prefix="otfed-planted-") as tmp:
         tree = Path(tmp) / "otfed"
         subprocess.run(["git", "clone", "-q", str(REPO), str(tree)], check=True)
-        originals = {path: (tree / path).read_text() for _, path, _, _ in BUGS}
+        if worktree:
+            copy_worktree(tree)
+        originals = {path: (tree / path).read_text() for _, path, _, _ in bugs}
         status, seconds, first = _fast_run(tree)
         print(f"no bug: exit {status} in {seconds:.0f} s {first}", flush=True)
         if status != 0:
             return 2
-        for what, path, line, bug in BUGS:
+        for what, path, line, bug in bugs:
             if originals[path].count(line) != 1:
                 print(f"STALE  {what}: {path} no longer holds its line once — update tests/planted_bugs.py")
                 missed += 1

@@ -3,6 +3,7 @@ of bad value names its key path."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,68 @@ def test_a_cross_reference_error_names_its_key_so_a_failed_exp_run_can_be_undone
         validate_params(data, stage="fed_distance")
     assert str(err.value).startswith("params.yaml: fed_distance.clustering.federations: unknown federation 'ghost'")
     assert err.value.keys == ("fed_distance.clustering.federations",)
+
+
+
+# ------------------------------------------------------------------ bad values refused (issue #32 item 5)
+def test_run_seed_is_bounded_by_what_every_seed_consumer_takes(raw: dict, config_error) -> None:
+    """run.seed = 2**70 passed validation and overflowed in torch's manual_seed inside a task. The bound leaves
+    room for the run.seed + k the stages derive (k < 200: seeds counts ≤ 100, party indices, +1 / +2) within
+    scikit-learn's random_state (< 2**32) and torch's manual_seed (< 2**64), checked against both libraries."""
+    import torch
+    from sklearn.utils import check_random_state
+
+    assert config_error(lambda d: d["run"].update(seed=2**70)) == (
+        f"params.yaml: run.seed: Input should be less than or equal to 2147483647 (got {2**70})")
+    from stages.params import SEED_MAX
+
+    assert config_error(lambda d: d["run"].update(seed=SEED_MAX + 1)) == (
+        f"params.yaml: run.seed: Input should be less than or equal to {SEED_MAX} (got {SEED_MAX + 1})")
+    raw["run"]["seed"] = SEED_MAX
+    assert validate_params(raw).run.seed == SEED_MAX
+    check_random_state(SEED_MAX + 200)
+    torch.Generator().manual_seed(SEED_MAX + 200)
+    with pytest.raises(ValueError):
+        check_random_state(2**32)  # the limit the bound keeps the derived seeds away from
+
+
+def test_yaml_merge_keys_are_accepted(tmp_path: Path) -> None:
+    """``<<: *anchor`` is YAML's own merge key (DVC reads it too); the duplicate-key loader refused the file as "not
+    valid YAML". The keys written beside a merge override the merged ones; a key written twice is still an error."""
+    committed = (REPO / "params.yaml").read_text()
+    anchored = committed.replace("\n  fedbary:                  #", "\n  fedbary: &fedbary         #", 1)
+    merged = re.sub(r"\n  fedbary: \{support_size: 50[^}]*\}", "\n  fedbary: {<<: *fedbary, iterations: 20}", anchored)
+    assert anchored != committed and merged.count("<<: *fedbary") == 1
+    path = tmp_path / "params.yaml"
+    path.write_text(merged)
+    p, before = load_params(path), load_params(REPO / "params.yaml")
+    assert p.noisy_removal.fedbary == before.noisy_removal.fedbary.model_copy(update={"iterations": 20})
+    assert p.barycenter_valuation == before.barycenter_valuation
+    path.write_text(merged.replace("{<<: *fedbary, iterations: 20}", "{<<: *fedbary, iterations: 20, iterations: 30}"))
+    with pytest.raises(ConfigError, match=r"duplicate key 'iterations' \(first on line (\d+), again on line \1\)"):
+        load_params(path)
+
+
+def test_the_readme_names_the_commands_that_catch_an_unknown_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """``run.sedd: 1`` passes a plain ``dvc repro`` when no stage is stale (no stage runs, none reads the file): the
+    README names ``make pipeline`` and ``otfed repro`` as the way to run the pipeline, and both refuse the key before
+    ``dvc repro`` — ``otfed repro`` exits 2 without starting dvc, the Makefile's pipeline recipe validates first."""
+    from typer.testing import CliRunner
+
+    import flows.cli
+
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert ("Run the pipeline with `make pipeline` or `otfed repro [STAGES]`: both validate the whole `params.yaml` "
+            "first. A plain `dvc repro` runs only the stale stages") in readme
+    assert "`run.sedd: 1` when every stage is up to date) passes it unnoticed" in readme
+    recipe = (REPO / "Makefile").read_text().split("\npipeline:", 1)[1].split("\n\n", 1)[0]
+    commands = [line.split("#")[0].strip() for line in recipe.splitlines()[1:]]
+    assert commands.index("python -m stages.params") < next(i for i, c in enumerate(commands) if c.startswith("dvc repro"))
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text().replace("\n  seed: 0 ", "\n  sedd: 1 ", 1))
+    monkeypatch.chdir(tmp_path)
+    started: list = []
+    monkeypatch.setattr(flows.cli.subprocess, "call", lambda cmd: started.append(cmd) or 0)
+    result = CliRunner().invoke(flows.cli.app, ["repro"])
+    assert result.exit_code == 2 and started == []
+    assert "params.yaml: run.sedd: unknown key" in capsys.readouterr().err + result.output

@@ -46,6 +46,7 @@ def test_each_machine_is_asked_for_kernels_it_can_run() -> None:
 
 
 @pytest.mark.skipif(not X86, reason="portable kernels are defined for x86-64 only")
+@pytest.mark.slow  # fresh interpreters importing numpy and torch
 def test_a_fresh_process_is_held_to_the_portable_kernels() -> None:
     found = _fresh_python(
         "import json, otfed.cpu_kernels as k; held = k.use_portable_kernels()\n"
@@ -61,6 +62,7 @@ def test_a_fresh_process_is_held_to_the_portable_kernels() -> None:
 
 
 @pytest.mark.skipif(not HAS_AVX2, reason="OpenBLAS is held only on a CPU with AVX2 and FMA")
+@pytest.mark.slow  # fresh interpreters importing numpy and torch
 def test_a_process_that_loaded_numpy_first_holds_torch_and_names_openblas_as_the_gap() -> None:
     """What a `dask worker` started by hand is (``distributed`` imports numpy before any task arrives)."""
     found = _fresh_python(
@@ -79,6 +81,7 @@ def test_native_leaves_every_library_its_own_choice() -> None:
     assert found == {"held": False, "aten": None}
 
 
+@pytest.mark.slow  # fresh interpreters importing numpy and torch
 def test_the_stage_packages_hold_the_kernels_before_their_modules_load() -> None:
     """What the runner `python -m flows.stage <name>`, the `otfed` command and a stage module import first (flows,
     stages): held before numpy and torch."""

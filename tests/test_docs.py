@@ -71,6 +71,7 @@ def _missing_packages() -> list[str]:
     return missing
 
 
+@pytest.mark.slow  # a whole mkdocs build in a subprocess
 def test_site_builds_strict_and_offline(tmp_path: Path) -> None:
     missing = _missing_packages()
     if missing:
@@ -137,6 +138,7 @@ def _run_quickstart(code: str, what: str) -> None:
     assert done.stdout.strip(), f"{what} printed nothing"
 
 
+@pytest.mark.slow  # each in a fresh interpreter
 @pytest.mark.parametrize("index", range(len(SNIPPETS)), ids=lambda i: f"snippet{i + 1}")
 def test_getting_started_snippet_runs(index: int) -> None:
     _run_quickstart(SNIPPETS[index], f"quickstart {index + 1} of docs/getting-started.md")
@@ -150,6 +152,7 @@ def test_the_readme_has_a_quickstart_per_paper() -> None:
         "a README quickstart is longer than 12 lines: put the long version in docs/getting-started.md"
 
 
+@pytest.mark.slow  # each in a fresh interpreter
 @pytest.mark.parametrize("index", range(len(README_SNIPPETS)), ids=lambda i: f"readme{i + 1}")
 def test_readme_quickstart_runs(index: int) -> None:
     _run_quickstart(README_SNIPPETS[index], f"quickstart {index + 1} of README.md")

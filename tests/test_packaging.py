@@ -38,6 +38,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     return zipfile.ZipFile(built)
 
 
+@pytest.mark.slow  # builds the wheel
 def test_the_wheel_holds_the_library_only(wheel: zipfile.ZipFile) -> None:
     top = {name.split("/", 1)[0] for name in wheel.namelist()}
     dist_info = {name for name in top if name.endswith(".dist-info")}
@@ -48,6 +49,7 @@ def test_the_wheel_holds_the_library_only(wheel: zipfile.ZipFile) -> None:
         assert module in modules, f"the wheel lacks {module}"
 
 
+@pytest.mark.slow  # builds the wheel
 def test_the_wheel_declares_no_command_it_cannot_run(wheel: zipfile.ZipFile) -> None:
     """A console script pointing into ``flows`` would install an ``otfed`` command that fails on import."""
     entry_points = [name for name in wheel.namelist() if name.endswith(".dist-info/entry_points.txt")]

@@ -1237,11 +1237,24 @@ def comparison(r: Reports, claim: str, metric: str) -> pd.Series:
     return r.row(CLAIMS, task="sa", test_set="ALL", claim=claim, metric=metric)
 
 
+CPU_NOISE = "reports/studies/cpu_noise.csv"
+
+
+def within_cpu_noise(r: Reports, claim: str, metric: str) -> bool:
+    """Whether the ALL-set verdict of ``claim`` flips when the text track is recomputed on other float kernels
+    (``python -m studies.cpu_noise``); the study's committed verdict must be the claims table's."""
+    row = r.row(CPU_NOISE, task="sa", test_set="ALL", claim=claim, metric=metric)
+    assert row["verdict"] == comparison(r, claim, metric)["verdict"], \
+        f"{CPU_NOISE} is stale for {claim} / {metric}: rerun python -m studies.cpu_noise"
+    return bool(row["within_cpu_noise"])
+
+
 def comparison_row(r: Reports, claim: str) -> list[float | str]:
     values: list[float | str] = [comparison(r, claim, "score")["arm"]]
     for metric in ("score", "semantic_distance"):
         row = comparison(r, claim, metric)
-        values += [VERDICT_MARKS[row["verdict"]], row["mean_difference"], row["ci95"]]
+        mark = VERDICT_MARKS[row["verdict"]] + ("†" if within_cpu_noise(r, claim, metric) else "")
+        values += [mark, row["mean_difference"], row["ci95"]]
     return values
 
 
@@ -1254,8 +1267,19 @@ for _claim in ["Sinkhorn-A vs Entropy-A", "Sinkhorn-D vs Entropy-D", "Sinkhorn-U
                "Entropy-E-soft vs Entropy-E", *(f"{v} vs global" for v in (
                    "Sinkhorn-A", "Sinkhorn-D", "Sinkhorn-U", "Sinkhorn-E", "Entropy-A", "Entropy-D", "Entropy-U",
                    "Entropy-E"))]:
-    quote(f"comparison: {_claim}", f"| {{=}} | {_claim} | {{=}} {{}} ± {{}} | {{=}} {{}} ± {{}} |", CLAIMS,
-          lambda r, claim=_claim: comparison_row(r, claim))
+    quote(f"comparison: {_claim}", f"| {{=}} | {_claim} | {{=}} {{}} ± {{}} | {{=}} {{}} ± {{}} |",
+          f"{CLAIMS}, {CPU_NOISE}", lambda r, claim=_claim: comparison_row(r, claim))
+
+
+def cpu_noise_counts(r: Reports) -> list[float]:
+    table = r.csv(CPU_NOISE)
+    everywhere = table[table["test_set"] == "ALL"]
+    return [int(everywhere["within_cpu_noise"].sum()), len(everywhere), int(table["within_cpu_noise"].sum()),
+            len(table)]
+
+
+quote("CPU noise", "† within CPU noise: the verdict flips when the text track is recomputed on other float kernels "
+      "({} of these {} verdicts, {} of all {} in `claims.csv`", CPU_NOISE, cpu_noise_counts)
 
 
 def sd_difference(r: Reports, claim: str) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.decomposition import PCA
 
-from otfed.errors import DegenerateClientError
+from otfed.errors import ConfigError, DegenerateClientError
 
 
 def bilinear_resize_matrix(n_in: int, n_out: int) -> np.ndarray:
@@ -81,11 +81,24 @@ def fit_pca(x_reference: np.ndarray, n_components: int, seed: int) -> PCA:
     return PCA(n_components=n_components, random_state=seed).fit(x_reference)
 
 
+def check_pca_components(n_components: int, n_rows: int, n_features: int, key: str, reference: str) -> None:
+    """ConfigError naming the params ``key`` unless a PCA of ``n_components`` components can be fitted on
+    ``reference`` (``n_rows`` rows of ``n_features`` features): scikit-learn's PCA takes at most
+    min(n_rows, n_features) components (:func:`fit_pca` refuses more, but only once a stage's task runs)."""
+    most = min(n_rows, n_features)
+    if n_components > most:
+        raise ConfigError(f"{key}: {n_components} components, but the PCA is fitted on {reference}: {n_rows} rows of "
+                          f"{n_features} features; at most {most}", keys=(key,))
+
+
 def reduce_features(x: np.ndarray, pca: PCA) -> np.ndarray:
-    """Project ``x`` (n, D) onto the components of a PCA from :func:`fit_pca`; float64 (n, k)."""
+    """Project ``x`` (n, D) onto the components of a PCA from :func:`fit_pca`; float64 (n, k) — (0, k) for no
+    rows (scikit-learn's transform refuses an empty array)."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != pca.n_features_in_:
         raise ValueError(f"x must have shape (n, {pca.n_features_in_}) to match the PCA; got {x.shape}")
+    if x.shape[0] == 0:
+        return np.zeros((0, pca.n_components_))
     return np.asarray(pca.transform(x), dtype=np.float64)
 
 

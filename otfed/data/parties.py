@@ -12,12 +12,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from otfed.data.features import fit_pca, reduce_features
+from otfed.data.features import check_pca_components, fit_pca, reduce_features
 from otfed.data.store import FederationData
+from otfed.errors import ConfigError
 from otfed.ot.otdd import LabelledData
 from otfed.schema import Strict
 
@@ -72,6 +74,19 @@ class FeatureProjection(Strict):
         if self.pca_components and self.random_projection:
             raise ValueError("set pca_components or random_projection, not both (0 turns one off)")
         return self
+
+    def check_fits(self, fed: FederationData, source: str | Path, group: str) -> None:
+        """ConfigError naming ``<group>.pca_components`` or ``<group>.random_projection`` and what ``fed`` (read
+        from ``source``) allows, unless :meth:`project` can map it: a PCA fitted on its test split takes at most
+        min(test rows, features) components (:func:`~otfed.data.features.check_pca_components`), a random
+        projection maps to fewer dimensions than the features (:func:`random_projection_federation`)."""
+        n, d = fed.x_test.shape
+        if self.pca_components:
+            check_pca_components(self.pca_components, n, d, f"{group}.pca_components", f"the test split of {source}")
+        if self.random_projection >= d:
+            raise ConfigError(f"{group}.random_projection: {self.random_projection} dimensions, but {source} has {d} "
+                              f"features; a projection maps to fewer (at most {d - 1})",
+                              keys=(f"{group}.random_projection",))
 
     def project(self, fed: FederationData, seed: int) -> FederationData:
         """:func:`project_federation` with these settings."""

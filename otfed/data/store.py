@@ -102,9 +102,10 @@ def load_federation(name: str, out_dir: str | Path = "data/partitions",
     manifest's sizes); errors name the file and the key (:class:`~otfed.errors.DataError` for bad contents).
 
     ``require_finite``: NaN / inf features of any client or of the server's test split raise
-    :class:`~otfed.errors.DegenerateClientError` naming the file and the client (:func:`finite_federation`)
-    — for stages that cannot leave a client out (FedBary values every client); stages that can report the
-    client and go on without it instead (federated OTDD)."""
+    :class:`~otfed.errors.DegenerateClientError` naming the file and the client, features too large for
+    float32 distances a DataError naming the column (:func:`finite_federation`) — for stages that cannot
+    leave a client out (FedBary values every client); stages that can report the client and go on without it
+    instead (federated OTDD)."""
     path = Path(out_dir) / f"{name}.npz"
     if not path.is_file():
         raise DataFileError(f"{path}: federation {name!r} not found — run `dvc repro partition` "
@@ -208,9 +209,36 @@ def check_federation(arrays: Mapping[str, np.ndarray], path: str | Path, n_class
 
 
 def finite_federation(fed: FederationData, source: str | Path) -> FederationData:
-    """``fed`` unchanged if every feature is finite; else DegenerateClientError naming ``source`` (its file),
-    the first client (or the server's test split) with NaN / inf features and how many rows hold them."""
+    """``fed`` unchanged if every feature is finite and within :func:`feature_bound`; else
+    DegenerateClientError naming ``source`` (its file), the first client (or the server's test split) with
+    NaN / inf features and how many rows hold them, or :func:`bounded_federation`'s DataError."""
     for k, client in enumerate(fed.client_names):
         check_finite(fed.x[fed.client == k], f"{source}: client {client!r} features")
     check_finite(fed.x_test, f"{source}: server test split (x_test) features")
+    return bounded_federation(fed, source)
+
+
+def feature_bound(n_features: int) -> float:
+    """The largest |feature| a federation of ``n_features`` features may hold: B = √(float32 max / D) / 2.
+    Two rows within ±B differ by at most 2B per feature, so their squared Euclidean distance — the cost of
+    every OT problem here — is at most D·(2B)² = float32's largest value: finite in float32, the features'
+    dtype (and torch's on a GPU). The partition writes pixels in [0, 1] and their PCA, far below it."""
+    return float(np.sqrt(np.finfo(np.float32).max / max(n_features, 1)) / 2)
+
+
+def bounded_federation(fed: FederationData, source: str | Path) -> FederationData:
+    """``fed`` unchanged unless a finite feature of a client or of the server's test split lies beyond
+    ±:func:`feature_bound` (NaN / inf are :func:`finite_federation`'s); else DataError naming ``source``,
+    the key, the column, the row, its client and the bound — such a value is too large for the OT costs,
+    which would overflow to inf and surface as "NaN or inf" (or a meaningless distance) inside a task."""
+    d = fed.x.shape[1]
+    bound = feature_bound(d)
+    for key, x in (("x", fed.x), ("x_test", fed.x_test)):
+        big = np.isfinite(x) & (np.abs(x) > bound)
+        if big.any():
+            row, column = (int(i) for i in np.argwhere(big)[0])
+            owner = f"client {fed.client_names[fed.client[row]]!r}" if key == "x" else "the server's test split"
+            raise DataError(f"{source}: {key} column {column}: {x[row, column]:.3g} (row {row}, {owner}) is too large; "
+                            f"features must lie within ±{bound:.3g}, so that the squared distance between two rows "
+                            f"of {d} features stays finite in float32 — rerun `dvc repro partition`")
     return fed

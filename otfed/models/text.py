@@ -32,7 +32,7 @@ from pydantic import Field, model_validator
 from torch import nn
 from tqdm.auto import tqdm
 
-from otfed.errors import ConfigError, DataFileError
+from otfed.errors import ConfigError, DataError, DataFileError
 from otfed.io import staged_directory, write_json
 from otfed.device import resolve_device as resolve_device_name, to_device
 from otfed.models.bow import BagOfWordsClassifier, BowConfig, initialise_bow, load_bow, save_bow
@@ -333,12 +333,25 @@ class TextClassifier:
                                 {str(k[0]) for k in info.get("mismatched_keys", ())})
             if incomplete:
                 raise DataFileError(f"{directory}: saved weights lack or mis-shape {', '.join(incomplete)}")
+        check_finite_weights(model, directory)
         model.eval()
         return cls(model, tokenizer, labels, max_length, spec).to(device)
 
     def __repr__(self) -> str:
         return (f"TextClassifier({type(self.model).__name__}, labels={self.labels}, max_length={self.max_length}, "
                 f"n_parameters={self.n_parameters}, device={self.device})")
+
+
+def check_finite_weights(model: nn.Module, directory: Path) -> None:
+    """DataError naming the weights file of ``directory``, the first tensor holding NaN or ±inf and how many
+    of its values do, unless every floating-point tensor of ``model``'s state is finite: a diverged or damaged
+    checkpoint would predict NaN for every text (its bias, its messages), far from the error's cause."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            where = next((directory / f for f in _WEIGHT_FILES if (directory / f).is_file()), directory)
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise DataError(f"{where}: tensor {name!r} holds {bad} NaN or inf value(s) of {tensor.numel()}; a "
+                            "checkpoint's weights must be finite — rerun `dvc repro train_teachers`")
 
 
 # -------------------------------------------------------------------------------------------- build

@@ -22,6 +22,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("otfed", "stages", "flows", "bench", "studies", "gpu")
 RUNNER = "flows.stage"  # the one entry point: every dvc.yaml cmd runs it (stage_command)
+#: The runner's operations: the modules that start, keep and signal processes (the Prefect server's keeper, the
+#: caller's lifeline), clean what killed stages left (leftovers), log (MLflow tracking, redaction) and find the
+#: project's stores — code that cannot change an output's bytes, so no stage depends on it: a comment added to one
+#: of them leaves every stage up to date. They write no output (``tests/architecture/test_architecture.py``
+#: checks that none calls a writer of ``otfed.io``); the runner's own module, which runs the jobs and writes the
+#: report's files, stays a dep.
+OPERATIONS = frozenset({"flows.caller", "flows.leftovers", "flows.prefect_server", "flows.project",
+                        "flows.redaction", "flows.tracking"})
 
 
 @dataclass(frozen=True)
@@ -132,13 +140,13 @@ def stage_command(stage: str) -> str:
 
 
 def stage_code(stage: str) -> set[str]:
-    """The project modules whose code runs when DVC runs ``stage`` (:func:`stage_command`): the runner, the
-    stage module it loads by name (``stages.params.stage``), and what they import — but not the other stage
-    modules, which the runner's params model only reads for their params types (``stages.params`` discovers
-    them at run time)."""
+    """The project modules whose code computes the outputs of ``stage`` when DVC runs it
+    (:func:`stage_command`): the runner, the stage module it loads by name (``stages.params.stage``), and what
+    they import — but not the runner's :data:`OPERATIONS`, and not the other stage modules, which the runner's
+    params model only reads for their params types (``stages.params`` discovers them at run time)."""
     others = frozenset(m for m in modules() if m.startswith("stages.") and m not in
                        {f"stages.{stage}", "stages.stage", "stages.params", "stages.layout"})
-    return closure({f"stages.{stage}", RUNNER}, skip=others)
+    return closure({f"stages.{stage}", RUNNER}, skip=others | OPERATIONS)
 
 
 def stage_files(stage: str) -> list[str]:

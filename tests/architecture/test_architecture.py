@@ -180,3 +180,51 @@ def test_code_deps_exist() -> None:
     for name, stage in _dvc_stages().items():
         for dep in filter(is_code, stage["deps"]):
             assert (REPO / dep).exists(), f"dvc.yaml stage {name}: dep {dep} does not exist"
+
+
+# the writers of otfed.io: a call to one puts bytes where an output may land
+_WRITERS = {"atomic_path", "write_text", "write_json", "write_csv", "write_npz", "save_figure", "staged_directory"}
+
+
+def _io_writer_calls(module: str) -> list[str]:
+    import ast
+
+    tree = ast.parse(modules()[module].read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in _WRITERS and isinstance(node.value, ast.Name) \
+                and node.value.id == "io":  # ``from otfed import io`` (the project's one spelling)
+            found.append(f"{modules()[module].relative_to(REPO)}:{node.lineno} {node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "otfed.io":
+            found += [f"{modules()[module].relative_to(REPO)}:{node.lineno} imports {a.name}" for a in node.names
+                      if a.name in _WRITERS]
+    return found
+
+
+def test_the_runners_operations_write_no_output_and_import_no_stage() -> None:
+    """The modules no stage depends on (:data:`~tests.architecture.import_graph.OPERATIONS`: keeper, lifeline,
+    tracking, redaction, the stores' paths) cannot change an output: none calls a writer of ``otfed.io`` (the
+    runner writes the report's files and MLflow only logs them) and none imports a stage module or the runner."""
+    from tests.architecture.import_graph import OPERATIONS, project_imports
+
+    assert OPERATIONS <= set(modules())
+    for module in sorted(OPERATIONS):
+        assert not _io_writer_calls(module), f"{module} writes files an output may be: {_io_writer_calls(module)}"
+        reached = {m for m in project_imports(module) if m.startswith("stages") or m == "flows.stage"}
+        assert not reached, f"{module} imports {sorted(reached)}: an operations module computes nothing"
+
+
+def test_the_writer_check_finds_a_write() -> None:
+    """The check above sees a writer call (the runner's own module writes the report's files)."""
+    assert any("write_csv" in hit for hit in _io_writer_calls("flows.stage"))
+
+
+def test_no_stage_depends_on_the_runners_operations() -> None:
+    """``echo '#' >> flows/redaction.py`` must leave every stage up to date: no stage's deps name an operations
+    module, or a folder holding one."""
+    from tests.architecture.import_graph import OPERATIONS
+
+    files = {str(modules()[m].relative_to(REPO)) for m in OPERATIONS}
+    for name, stage in _dvc_stages().items():
+        hits = [d for d in stage["deps"] for f in files if f == d or f.startswith(d.rstrip("/") + "/")]
+        assert not hits, f"dvc.yaml stage {name} depends on operations code {hits}"

@@ -53,6 +53,7 @@ def with_fake_stage(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Stage
     stages.params.params_model.cache_clear()
 
 
+@pytest.mark.slow  # the whole checker once more, on a fake stage: a check of the checker
 def test_a_stage_lacking_every_item_is_named_for_each(with_fake_stage: dict[str, Stage]) -> None:
     """``fake_stage`` has no module, no layout constant for its data folder, no params group in either file, no
     dvc.yaml block, metrics or plots, no headline, no results-page item, no tiny track and no test file: the

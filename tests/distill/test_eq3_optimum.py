@@ -177,7 +177,7 @@ def test_the_kl_sum_is_minimised_at_the_mixture(name):
 # ---------------------------------------------------------------------------------------------------- otfed
 
 
-@pytest.mark.parametrize("eps", [1e-2, 1e-3])
+@pytest.mark.parametrize("eps", [1e-2, pytest.param(1e-3, marks=pytest.mark.slow)])  # ε = 1e-3: the most steps
 @pytest.mark.parametrize("name", CASES)
 def test_otfeds_eq3_loss_is_the_w1_sum_on_sas_line_and_minimised_at_the_weighted_median(name, eps):
     """ensemble_loss (transport value ⟨P_ε, C⟩) lies between the W1 sum and W1 sum + ε log C (closed-form bound).
@@ -199,6 +199,7 @@ def test_otfeds_eq3_loss_is_the_w1_sum_on_sas_line_and_minimised_at_the_weighted
     assert loss[1] > loss[0] + 1e-3  # the mixture does worse
 
 
+@pytest.mark.slow  # hundreds of Adam steps through the OT solver
 def test_gradient_descent_on_otfeds_eq3_loss_finds_the_weighted_median():
     """Minimise ensemble_loss (ε = 0.01) over the student's logits through its implicit gradients — every case in
     one batch, teachers padded to the same K with weight 0 — by Adam (lr 0.1, then 0.01 for the last quarter):
@@ -360,6 +361,7 @@ class ConstantStudent:
         return torch.softmax(self.model.theta.detach(), -1).numpy()
 
 
+@pytest.mark.slow  # two students trained for 80 epochs
 def test_distilling_with_the_mixture_ablation_reaches_the_mixture_and_eq3_the_median():
     q, w = CASES["two-teachers-D"]  # median = the heavier teacher; mixture ¼ q1 + ¾ q2
     n = 16

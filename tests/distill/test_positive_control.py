@@ -15,7 +15,12 @@ The task (fixed before any run, then left alone):
 - Weights "A" (W̄_k = 1/3). Eq. 3 with ε → 0 is Σ_k W̄_k W1(q_k, p), minimised by p whose CDF is the median of
   the teachers' CDFs: the two agreeing teachers' answer. KL's Σ_k W̄_k KL(q_k || p) is minimised by the mixture,
   whose expected label is pulled by 1/3 towards the wrong teacher's. A student equal to these pointwise optima
-  would score SD 0.076 (median) against 0.250 (mixture) on this test set.
+  would score SD 0.076 (median) against 0.250 (mixture) on this test set — in closed form: with r = e⁻² and
+  E_b = Σ_l l·r^|l−b| / Σ_l r^|l−b| (the expected label of a teacher answering b, labels 0..4), each label has
+  100 test inputs in each half of its bin, the median is the two agreeing teachers' q (error |E_y − y|: E_0 on
+  labels 0 and 4, E_1 − 1 on labels 1 and 3, 0 on label 2) and the mixture's error is |2(E_y − y) + E_w − y| / 3
+  for the wrong teacher's w = y ± 1, so SD_median = (2E_0 + 2(E_1 − 1)) / 5 = 0.07617 and SD_mixture =
+  (2E_0 + |2E_1 + E_0 − 3| / 3 + (2E_1 − 1) / 3 + (2 − E_1) / 3) / 5 = 0.24982.
 
 The student is a softmax-linear model on a fixed encoding of x (20 Gaussian bumps of width 1/40), the analogue
 of a bag-of-words student; both losses train the same student with the same seeds: ε = 0.01 (the distill
@@ -130,12 +135,34 @@ def test_the_task_is_ordinal_with_a_correct_majority_and_adjacent_mistakes() -> 
     assert ((b != y[:, None]).sum(1) <= 1).all()  # never more than one teacher wrong
     for k, L in enumerate(MISSING):  # each teacher wrong exactly on its missing label
         np.testing.assert_array_equal(b[:, k] != y, y == L)
-    # the pointwise optima quoted in the docstring: median-CDF student vs mixture student
+
+
+def closed_form_sds() -> tuple[float, float]:
+    """SD of the median-CDF student and of the mixture student on TEST_X, derived by hand (module docstring):
+    the teachers' expected labels E_0 and E_1 as polynomials in r = e⁻², the per-label errors weighted by the
+    test inputs in each half of a bin (100 and 100)."""
+    r = np.exp(-SHARPNESS)
+    e0 = (r + 2 * r ** 2 + 3 * r ** 3 + 4 * r ** 4) / (1 + r + r ** 2 + r ** 3 + r ** 4)  # teacher answering 0
+    e1 = (1 + 2 * r + 3 * r ** 2 + 4 * r ** 3) / (1 + 2 * r + r ** 2 + r ** 3)  # teacher answering 1
+    median = (2 * e0 + 2 * (e1 - 1)) / 5  # labels 0 and 4, 1 and 3 (symmetric), 2 (error 0)
+    # label 1: the wrong teacher says 0 (lower half), then 2 (upper half; E_2 = 2 by symmetry)
+    label_1 = (abs(2 * (e1 - 1) + (e0 - 1)) + abs(2 * (e1 - 1) + (2 - 1))) / 3 / 2
+    label_2 = abs(e1 - 2) / 3  # wrong teacher says 1 (lower half) or 3 (upper half): the same error
+    return median, (2 * e0 + 2 * label_1 + label_2) / 5
+
+
+def test_the_pointwise_optima_score_the_closed_form_sds() -> None:
+    """The median-CDF and mixture students scored by the library's Semantic Distance match the hand derivation,
+    whose values are the docstring's 0.076 and 0.250."""
+    y = labels_of(TEST_X)
+    upper_half = TEST_X * C - y >= 0.5
+    assert all(((y == label) & upper_half).sum() == ((y == label) & ~upper_half).sum() == 100 for label in range(C))
     q = teacher_probs(TEST_X)
-    F = np.cumsum(q, -1)
-    median = np.diff(np.median(F, axis=1), prepend=0.0, axis=-1)
-    assert semantic_distance(median, labels_of(TEST_X), SA) == pytest.approx(0.0762, abs=5e-4)
-    assert semantic_distance(q.mean(1), labels_of(TEST_X), SA) == pytest.approx(0.2498, abs=5e-4)
+    median = np.diff(np.median(np.cumsum(q, -1), axis=1), prepend=0.0, axis=-1)
+    want_median, want_mixture = closed_form_sds()
+    assert semantic_distance(median, y, SA) == pytest.approx(want_median, rel=1e-12)
+    assert semantic_distance(q.mean(1), y, SA) == pytest.approx(want_mixture, rel=1e-12)
+    assert (round(want_median, 5), round(want_mixture, 5)) == (0.07617, 0.24982)
 
 
 @pytest.mark.slow

@@ -181,6 +181,7 @@ def random_problem(seed: int) -> tuple[np.ndarray, np.ndarray, FedWaDConfig, str
 N_PROBLEMS = 240
 
 
+@pytest.mark.slow  # 240 problems, each with an exact W2
 def test_lower_le_exact_le_upper_on_many_problems_gaussian_or_not() -> None:
     """lower ≤ W₂ ≤ upper for 240 seeded problems (uniform cubes, mixtures, t(1.5) tails, duplicated lattice
     points, rank-1 clouds, Gaussians; different n per client, d = 1..20, ν = μ and translates), with W₂ from
@@ -219,6 +220,7 @@ def user_case(n: int, d: int = 5) -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal((n, d)), rng.standard_normal((n, d)) * 1.5 + 2.0 / np.sqrt(d)
 
 
+@pytest.mark.slow  # FedWaD on 2,000 points
 def test_the_outside_users_case_warns_once_with_the_numbers_and_the_remedy() -> None:
     """Two 5-D Gaussians, n = 2,000, default S = 10: the estimate is 83 % above POT's exact W₂ (the user
     measured +73 % on theirs) and the run warns once, naming the estimate, the bound, the ratio and what to do."""
@@ -236,6 +238,7 @@ def test_the_outside_users_case_warns_once_with_the_numbers_and_the_remedy() -> 
     assert result.lower <= exact <= result.upper and result.upper > 1.7 * exact and result.ratio > 1.25
 
 
+@pytest.mark.slow  # K·3 network simplex solves of 500 × 500
 def test_no_warning_at_s_equal_n() -> None:
     """The same setting with S = n (n = 500 to keep the test short; K·3 network simplex solves of n × n): no
     warning, and the bracket is tight: the estimate within 1 % above W₂ (measured +0.5 %), the bound 13.5 %

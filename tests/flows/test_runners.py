@@ -2,6 +2,8 @@
 arguments go to a Dask cluster once (checked against a real in-process ``distributed`` cluster)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -140,6 +142,7 @@ def _other(kind: str, k: int, started: list) -> str:
     return _tag(kind, k, started)
 
 
+@pytest.mark.integration  # a Prefect flow: Prefect's temporary server starts
 def test_fan_out_mixing_kinds_submits_them_interleaved_and_returns_results_in_job_order() -> None:
     """On one thread the tasks run in submission order: with mix_kinds two kinds listed one after the other
     run alternately; the results come back in job order all the same."""
@@ -183,6 +186,7 @@ def test_fan_out_on_dask_returns_every_result_in_job_order_from_batched_tasks() 
     assert len(runners.batches(11, 2)) == 8
 
 
+@pytest.mark.integration  # a Prefect flow: Prefect's temporary server starts
 def test_a_dask_worker_off_the_portable_kernels_is_one_warning_line(capsys: pytest.CaptureFixture[str]) -> None:
     """A ``dask worker`` started by hand without the portable CPU kernels' exports keeps OpenBLAS's own (injected
     here: every worker reports that gap): the stage says so once, on the console, naming the gap and the fix."""
@@ -221,6 +225,26 @@ def test_local_cluster_workers_get_the_worker_environ() -> None:
                                                                        "MALLOC_TRIM_THRESHOLD_")})
     (environ,) = seen.values()
     assert environ == {**runners.WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
+@pytest.mark.integration
+def test_a_stages_local_cluster_listens_on_loopback_only() -> None:
+    """The local cluster a stage starts (``run.dask_address: null``, the task runner's own cluster settings):
+    every listening socket of the scheduler (this process) and of its worker processes and nannies is on
+    127.0.0.1 — read from the sockets (psutil), not from Dask's own report of its addresses."""
+    import psutil
+    from distributed import LocalCluster
+
+    from tests.flows.test_documented_commands import LOOPBACK, listening
+
+    before = {(ip, port) for ip, port, _, _ in listening(os.getpid())}
+    kwargs = runners.task_runner("dask", 2).cluster_kwargs
+    with LocalCluster(**kwargs) as cluster:
+        assert len(cluster.workers) == 2
+        sockets = [s for s in listening(os.getpid()) if (s[0], s[1]) not in before]
+        workers = {proc.pid for proc in psutil.Process().children(recursive=True)}
+        assert {pid for _, _, pid, _ in sockets} & workers, "no worker process listens: nothing was checked"
+    assert sockets and all(ip in LOOPBACK for ip, _, _, _ in sockets), sockets
 
 
 @pytest.mark.integration

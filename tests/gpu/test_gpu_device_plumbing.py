@@ -19,6 +19,8 @@ from stages.params import validate_params
 from tests.stages.test_text_stages import text_params
 from tests.stages.test_valuation_stages import valuation_params
 
+pytestmark = pytest.mark.slow  # the partition stage runs first, on both tracks' tiny params
+
 #: stage → the jobs that run torch code (each takes ``device``)
 TORCH_JOBS = {
     "train_teachers": {"train_party"},

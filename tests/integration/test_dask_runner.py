@@ -9,6 +9,7 @@ models and the teachers' messages.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -170,13 +171,19 @@ def test_an_address_that_does_not_answer_is_one_error_line_and_writes_nothing(tm
 
 def test_a_worker_that_dies_fails_the_stage_with_the_task_named_and_keeps_the_outputs(cluster) -> None:
     """The job ``doomed`` kills its worker process; Dask retries it once on a restarted worker, then gives
-    up (``KilledWorker``): the stage exits non-zero naming the task, the previous reports stay as they were."""
+    up (``KilledWorker``): the stage exits non-zero naming the task and the last worker it killed — one the
+    workers' log shows starting —, the previous reports stay as they were."""
     root, address, _ = cluster
     _write_params(root, "dask", address)
     before = _files(root, ["reports/partition", "data/partitions"])
     done = completed([sys.executable, str(Path(__file__).with_name("dying_stage.py"))], "the dying stage to exit",
                      STAGE_S, cwd=root, env=_env(root))
     assert done.returncode == 1, done.stderr
-    assert "error: KilledWorker" in done.stderr and "  in task 'doomed'" in done.stderr, done.stderr
+    assert "  in task 'doomed'" in done.stderr, done.stderr
+    named = re.search(r"^error: DaskWorkerLost: Dask worker (tcp://127\.0\.0\.1:\d+) of the scheduler at "
+                      rf"{re.escape(address)} was lost while running this stage's tasks \(KilledWorker: ", done.stderr,
+                      re.MULTILINE)
+    assert named, done.stderr
+    assert re.search(rf"Start worker at:\s+{re.escape(named.group(1))}\n", (root / "workers.log").read_text())
     assert _files(root, ["reports/partition", "data/partitions"]) == before
     assert not list(root.glob("**/.*.staging")), "a staging folder was left behind"

@@ -55,6 +55,7 @@ def test_mlm_model_is_seeded_and_tied(task, mlm_spec):
         build_mlm_model(mlm_spec.model_copy(update=dict(kind="bow")), tokenizer, seed=0)
 
 
+@pytest.mark.slow  # pretrains for several epochs
 def test_pretraining_lowers_the_mlm_loss_and_gives_a_checkpoint_encoder(task, mlm_spec, tmp_path):
     tr, ytr, va, yva = task
     config = MLMConfig(epochs=4, batch_size=16, lr=3e-3)

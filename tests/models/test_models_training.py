@@ -230,6 +230,7 @@ def test_class_balanced_training_minimises_the_weighted_loss(task, tiny_spec):
 
 
 # ----------------------------------------------------------------------------------- epoch selection
+@pytest.mark.slow  # trains two models for several epochs
 def test_select_last_keeps_the_last_epoch_and_needs_no_validation(task, tiny_spec):
     tr, ytr, va, yva = task
     clf = build_classifier(tiny_spec, LABELS, tr, seed=0)
@@ -264,6 +265,7 @@ def test_training_config_rejects_early_stopping_with_select_last():
     assert TrainingConfig().select == "best_val" and TrainingConfig().class_balanced is False
 
 
+@pytest.mark.slow  # trains a model for several epochs
 def test_select_best_val_loss_keeps_the_epoch_of_the_lowest_validation_cross_entropy(task, tiny_spec):
     """The recorded val_loss is the (label-balanced) cross-entropy of the epoch's predictions, recomputed here
     with numpy; the kept weights are the epoch with the lowest one, and training stops ``patience`` epochs after it."""

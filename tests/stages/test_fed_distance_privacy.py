@@ -55,6 +55,7 @@ def _rdp_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
     return float(RdpAccountant().compose(event).get_epsilon(delta))
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_attack_recovers_every_sample_where_theory_says_so(feature_run: dict[str, Any]) -> None:
     """S = n with a public t (FedWaD theorem 1: a permutation plan; eq. 5 for exact interpolation) and S = n with a
     random t over K = 3 rounds (the interpolants' means give t): every one of the target's samples is recovered;
@@ -96,6 +97,7 @@ def test_attack_recovers_every_sample_where_theory_says_so(feature_run: dict[str
     assert text.splitlines()[0].startswith("# Honest-but-curious server")
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_dp_values_against_fedwad_pot_and_dp_accounting(feature_run: dict[str, Any]) -> None:
     """ε = ∞: the DP session is FedWaD on records clipped to B(0, C) with the same seed (C: the largest norm of
     the server's projected test rows); W2 is POT's; the ε spent is dp-accounting's RDP ε for σ_mult and the

@@ -16,6 +16,7 @@ from stages.fed_distance import STAGE
 from stages.stage import headline_metrics
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_fed_distance_writes_reports_and_logs_them(feature_run: dict[str, Any], tmp_path: Path) -> None:
     metrics = feature_run["metrics"]["fed_distance"]
     mlflow_uri = feature_run["uri"]
@@ -62,6 +63,7 @@ def test_fed_distance_writes_reports_and_logs_them(feature_run: dict[str, Any], 
     assert "seconds" not in (out / "metrics.json").read_text()
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_clustered_fl_trains_within_the_clusters_the_distances_give(feature_run: dict[str, Any]) -> None:
     """FL within clusters (tables 1–5): the clusters used are the ones the stage's own distance matrix gave,
     a cell recomputed with the library gives the same per-client counts, pooled accuracy = Σ correct / Σ
@@ -105,6 +107,7 @@ def test_clustered_fl_trains_within_the_clusters_the_distances_give(feature_run:
         base.accuracy, abs=1e-4)
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_coresets_classify_with_every_clients_labelled_coreset(feature_run: dict[str, Any]) -> None:
     """Coresets + 1-NN (fig. 5 / 12): one row per client, method and seed; held-out counts are the clients'
     validation rows; the summary puts the coreset classifier next to global FedAvg / FedPer / FedRep."""
@@ -137,6 +140,7 @@ def test_support_needed_is_the_smallest_support_under_five_percent() -> None:
     assert np.isnan(out["support_needed_d3_below_5pct"])
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_the_support_sweep_reaches_the_report(feature_run: dict[str, Any]) -> None:
     conv = pd.read_csv(feature_run["root"] / layout.FED_DISTANCE_REPORTS / "convergence.csv")
     assert {5, 10, 20} <= set(conv.support)  # sweep S = 5, S = 10, S = n = 20

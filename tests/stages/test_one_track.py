@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from flows.stage import run_stage
@@ -19,6 +20,7 @@ SA = {"dataset": "amazon_categories", "locals": ["cell_phones", "digital_music"]
       "transfer": "grocery_food", "max_train": 30, "max_eval": 10, "max_transfer": 20}
 
 
+@pytest.mark.slow  # a stage run
 def test_partition_on_the_text_track_only(tiny: dict) -> None:
     params = {"run": tiny["run"],
               "partition": {"data_dir": tiny["partition"]["data_dir"], "text": {"tasks": {"sa": SA}}},
@@ -34,6 +36,7 @@ def test_partition_on_the_text_track_only(tiny: dict) -> None:
     assert "text_parties.csv" in reports and "clients.csv" not in reports
 
 
+@pytest.mark.slow  # a stage run
 def test_partition_on_the_feature_track_only(tiny: dict) -> None:
     params = {"run": tiny["run"],
               "partition": {"data_dir": tiny["partition"]["data_dir"],

@@ -19,6 +19,7 @@ from stages import layout
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a stage run
 def test_partition_writes_federations_and_manifest(tiny: dict, tmp_path: Path) -> None:
     summary = run_stage("partition", tiny)
     out = Path(layout.PARTITIONS)
@@ -50,6 +51,7 @@ def test_bad_params_exit_2_and_write_nothing(tmp_path: Path, monkeypatch: pytest
     assert not called and sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing the stage
 def test_stage_command_line_reports_config_errors(tmp_path: Path) -> None:
     (tmp_path / "params.yaml").write_text("run: {seeed: 1}\n")
     proc = subprocess.run([sys.executable, "-m", "flows.stage", "partition"], cwd=tmp_path, capture_output=True,

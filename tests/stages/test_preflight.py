@@ -265,6 +265,200 @@ def test_a_teacher_missing_from_the_bias_file_is_named(ws: Path, capsys: pytest.
         f"of cell_phones, digital_music, baby")
 
 
+# ---------------------------------------------------------------- bad values (issue #32 item 5): refused, named
+def edit_params(root: Path, edit: Callable[[dict], Any]) -> None:
+    """Rewrite ``root/params.yaml`` after ``edit`` (a function of the parsed params)."""
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    edit(params)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+MNIST = REPO / "data" / "raw" / "images_mnist.npz"
+
+
+@pytest.mark.parametrize("federation, message", [
+    ({"scheme": "iid", "dataset": "mnist", "n_clients": 5, "samples": 1_000_000_000},
+     "partition.federations.big.samples: 1000000000 rows (null: every row), but {mnist} holds 5000 train rows "
+     "(x_train); at most 5000"),
+    ({"scheme": "fedbary_case", "case": 1, "dataset": "mnist", "n_clients": 5, "samples_per_client": 1001},
+     "partition.federations.big.samples_per_client: 5 clients × 1001 rows = 5005 rows, but {mnist} holds 5000 "
+     "train rows (x_train); at most 1000 per client"),
+    ({"scheme": "dirichlet", "dataset": "mnist", "n_clients": 5, "alpha": 1.0, "test_samples": 1001},
+     "partition.federations.big.test_samples: 1001 rows, but {mnist} holds 1000 test rows (x_test); at most 1000"),
+])
+def test_more_rows_than_the_raw_file_holds_are_refused(ws: Path, capsys: pytest.CaptureFixture[str],
+                                                       federation: dict, message: str) -> None:
+    """Before, partition took every row there was (5,000) and wrote the number asked for into the manifest."""
+    with np.load(MNIST) as npz:  # the rows there are, read independently of the stage
+        assert (len(npz["x_train"]), len(npz["x_test"])) == (5000, 1000)
+    edit_params(ws, lambda d: d["partition"]["federations"].update(big=federation))
+    assert fails_before_the_flow(ws, "partition", capsys) == message.format(mnist=MNIST)
+
+
+def test_a_seed_past_what_scikit_learn_takes_is_refused_before_the_flow(ws: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """run.seed = 2**70 overflowed inside a task (torch's manual_seed) after the server and the MLflow run started."""
+    edit_params(ws, lambda d: d["run"].update(seed=2**70))
+    assert fails_before_the_flow(ws, "train_teachers", capsys) == (
+        f"params.yaml: run.seed: Input should be less than or equal to 2147483647 (got {2**70})")
+
+
+def test_a_toy_size_no_memory_holds_is_named_before_the_flow(ws: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """fed_distance.toy.n_values: [100000000] died with a MemoryError naming the task; an n × n float64 cost
+    matrix and plan need 16·n² bytes (1.6e17: more than any machine has; the memory is pinned at 64 GiB here
+    for an exact line)."""
+    monkeypatch.setattr(stages.stage, "memory_bytes", lambda: 64 * 2**30, raising=False)  # absent before: the flow starts
+    edit_params(ws, lambda d: d["fed_distance"]["toy"].update(n_values=[20, 100_000_000]))
+    assert fails_before_the_flow(ws, "fed_distance", capsys) == (
+        "fed_distance.toy.n_values[1]: n = 100000000: the exact W's 100000000 × 100000000 cost matrix and plan "
+        "(float64) alone need 142 PiB, more than the 64.0 GiB of memory this machine has; lower it")
+
+
+def test_the_toy_memory_bound_is_the_float64_cost_matrix_and_plan() -> None:
+    """n = 1000 points against n / ratio = 1000 (ratio 1) hold a 1000 × 1000 float64 cost matrix and plan: 16·10⁶
+    bytes, exactly at the limit passes, one byte less is refused; S = 5000 atoms against n = 1000 need 8·10⁷."""
+    from otfed.errors import ConfigError
+    from stages.fed_distance import ToyParams, toy_memory
+    from stages.stage import check_memory
+
+    toy = ToyParams(n_values=[1000], supports=[2], ratios=[1, 3], dims=[2], convergence_n=10)
+    check_memory(toy_memory(toy), 16 * 1000 * 1000)
+    with pytest.raises(ConfigError, match=r"^fed_distance\.toy\.n_values\[0\]: n = 1000: the exact W's 1000 × 1000 "):
+        check_memory(toy_memory(toy), 16 * 1000 * 1000 - 1)
+    wide = toy.model_copy(update={"supports": [2, 5000]})
+    with pytest.raises(ConfigError, match=r"^fed_distance\.toy\.supports\[1\]: S = 5000: FedWaD's 1000 × 5000 ") as err:
+        check_memory(toy_memory(wide), 8 * 10**7 - 1)
+    assert err.value.keys == ("fed_distance.toy.supports[1]",)
+    check_memory(toy_memory(wide), 8 * 10**7)
+
+
+def test_features_too_large_for_float32_distances_are_named_by_column(ws: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A finite 3e38 feature passed every preflight and surfaced as "NaN or inf" inside a FedBary task (and as a
+    distance of 6e37 in fed_distance). The bound: √(float32 max / D) / 2, so that D·(2·bound)² fits float32."""
+    bound = np.sqrt(np.finfo(np.float32).max / 784) / 2
+    assert 3.29e17 < bound < 3.3e17 and 784 * (2 * np.float64(bound)) ** 2 <= np.finfo(np.float32).max
+    rows = {}
+
+    def edit(a: dict[str, np.ndarray]) -> None:
+        rows["row"] = int(np.flatnonzero(a["client"] == 2)[0])
+        a["x"][rows["row"], 5] = 3e38
+    rewrite_npz(ws / C1, edit)
+    message = (f"{C1}: x column 5: 3e+38 (row {rows['row']}, client 'client_02') is too large; features must lie "
+               "within ±3.29e+17, so that the squared distance between two rows of 784 features stays finite in "
+               "float32 — rerun `dvc repro partition`")
+    assert fails_before_the_flow(ws, "barycenter_valuation", capsys) == message
+    assert fails_before_the_flow(ws, "noisy_removal", capsys) == message
+    bench = Path(layout.PARTITIONS) / "bench.npz"
+    rewrite_npz(ws / bench, lambda a: a["x"].__setitem__((7, 3), -1e30))
+    assert fails_before_the_flow(ws, "fed_distance", capsys) == (
+        f"{bench}: x column 3: -1e+30 (row 7, client 'mnist') is too large; features must lie within ±3.29e+17, so "
+        "that the squared distance between two rows of 784 features stays finite in float32 — rerun `dvc repro "
+        "partition`")
+
+
+@pytest.mark.parametrize("stage, edit, message", [
+    ("partition", lambda d: d["partition"]["federations"].update(
+        pcs={"scheme": "iid", "dataset": "mnist", "n_clients": 2, "test_samples": 30, "pca_components": 31}),
+     "partition.federations.pcs.pca_components: 31 components, but the PCA is fitted on the server's test split of "
+     "{mnist}: 30 rows of 784 features; at most 30"),
+    ("barycenter_valuation", lambda d: d["barycenter_valuation"].update(pca_components=41),
+     "barycenter_valuation.pca_components: 41 components, but the PCA is fitted on the test split of {c1}: 40 rows "
+     "of 784 features; at most 40"),
+    ("noisy_removal", lambda d: d["noisy_removal"].update(pca_components=0, random_projection=784),
+     "noisy_removal.random_projection: 784 dimensions, but {c1} has 784 features; a projection maps to fewer (at "
+     "most 783)"),
+])
+def test_a_projection_larger_than_its_data_is_named(ws: Path, capsys: pytest.CaptureFixture[str], stage: str,
+                                                    edit: Callable[[dict], Any], message: str) -> None:
+    """scikit-learn's PCA takes at most min(rows, features) components; fit_pca / project_federation refused more
+    only inside a task, without the key."""
+    edit_params(ws, edit)
+    assert fails_before_the_flow(ws, stage, capsys) == message.format(mnist=MNIST, c1=C1)
+
+
+def test_a_duplication_no_memory_holds_is_named(ws: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """copies: [1, 10**9] of client 0's 12 rows against Q's 20 rows: an exact W of 1.2e10 × 20 (float64 cost and
+    plan: 16 bytes an entry, 3.5 TiB) — a MemoryError inside the duplication task before."""
+    monkeypatch.setattr(stages.stage, "memory_bytes", lambda: 64 * 2**30, raising=False)
+    edit_params(ws, lambda d: d["barycenter_valuation"]["duplication"].update(copies=[1, 10**9]))
+    assert fails_before_the_flow(ws, "barycenter_valuation", capsys) == (
+        "barycenter_valuation.duplication.copies[1]: 1000000000 copies of the 12 rows: the exact W's 12000000000 × 20 "
+        "cost matrix and plan (float64) alone need 3.5 TiB, more than the 64.0 GiB of memory this machine has; "
+        "lower it")
+
+
+@pytest.mark.parametrize("file, row, where", [("parties.csv.gz", 4, ", party 'cell_phones', split 'train'"),
+                                              ("transfer.csv.gz", 3, "")])
+def test_a_blank_text_is_named(ws: Path, capsys: pytest.CaptureFixture[str], file: str, row: int, where: str) -> None:
+    """The partition drops blank texts; a blank one in its files trained a teacher on an empty input unnoticed
+    (or, in the one-column transfer file, read as a missing row)."""
+    path = Path(layout.TEXT_PARTITIONS) / "sa" / file
+    table = pd.read_csv(ws / path, dtype=str, keep_default_na=False)
+    table.loc[row, "text"] = "  \t "
+    table.to_csv(ws / path, index=False)
+    assert fails_before_the_flow(ws, "train_teachers", capsys) == (
+        f"{path}: column 'text' is blank in 1 row(s) (first: row {row}{where}); the partition writes no blank text "
+        "— rerun `dvc repro partition`")
+
+
+@pytest.mark.parametrize("stage, party", [("estimate_bias", "digital_music"), ("distill", "baby")])
+def test_nan_teacher_weights_are_named(ws: Path, capsys: pytest.CaptureFixture[str], stage: str, party: str) -> None:
+    """A teacher with a NaN weight passed the checkpoint loader: its bias and predictions came out NaN later."""
+    from safetensors.torch import load_file, save_file
+
+    weights = Path(layout.TEXT_MODELS) / "sa" / party / "model.safetensors"
+    tensors = load_file(ws / weights)
+    name = sorted(tensors)[0]
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, ws / weights)
+    assert fails_before_the_flow(ws, stage, capsys) == (
+        f"{weights}: tensor {name!r} holds 1 NaN or inf value(s) of {tensors[name].numel()}; a checkpoint's weights "
+        "must be finite — rerun `dvc repro train_teachers`")
+
+
+PAIRS = {"scheme": "class_pairs", "dataset": "mnist", "structure": "strong", "n_clients": 10, "samples": 400,
+         "val_fraction": 0.2, "test_samples": 60}
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (None, None),
+    (lambda a: a["y_test"].__setitem__(slice(0, 30), [0] * 29 + [1]),
+     "fed_distance.privacy.validation_samples: the server's validation split of 'pairs' (its first 30 test rows, "
+     "FedBary's reference) is degenerate: every class needs at least 2 samples; class 1 has 1 sample; take more rows "
+     "(or set fedbary_validation: [false] and dp.fedbary: false)"),
+    (lambda a: a["split"].__setitem__(a["client"] == 0, 0),
+     "fed_distance.privacy.pairs[0]: client 'client_00' has no held-out rows (the non-members of the membership "
+     "test): partition it with val_fraction > 0"),
+])
+def test_the_privacy_study_checks_its_pairs_and_validation_split(ws: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str], spoil: Any,
+                                                                 message: str | None) -> None:
+    """fed_distance's privacy study took the server's first validation_samples test rows as FedBary's reference and
+    its pairs' held-out rows as non-members inside the stage's flow: a degenerate split failed there. The
+    positive control (None): the same federation unspoilt passes."""
+    from otfed.data.federations import build_federation
+    from otfed.data.store import save_federation
+    from stages.params import validate_params
+
+    def add(d: dict) -> None:
+        d["partition"]["federations"]["pairs"] = PAIRS
+        d["fed_distance"]["privacy"] = {"federation": "pairs", "pca_components": 4, "pairs": [[0, 1]],
+                                        "validation_samples": 30}
+    edit_params(ws, add)
+    p = validate_params(yaml.safe_load((ws / "params.yaml").read_text()), stage="partition")
+    save_federation(build_federation("pairs", p.partition.federations["pairs"], p.partition.data_dir, 0)[0],
+                    ws / layout.PARTITIONS)
+    if spoil is not None:
+        rewrite_npz(ws / layout.PARTITIONS / "pairs.npz", spoil)
+        assert fails_before_the_flow(ws, "fed_distance", capsys) == message
+    else:
+        monkeypatch.setattr(flows.stage, "_run_flow", lambda *args, **kw: 0)
+        assert main("fed_distance", params_path="params.yaml", argv=[]) == 0, capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------ output folders, disk
 def test_a_read_only_reports_folder_is_named(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if os.geteuid() == 0:

@@ -13,6 +13,8 @@ import pytest
 
 from tests.stages.conftest import FEATURE_TRACK, assert_reproducible, feature_params, run_track
 
+pytestmark = pytest.mark.slow  # the feature track run twice (four stages each)
+
 
 @pytest.fixture(scope="module")
 def feature_rerun(tmp_path_factory: pytest.TempPathFactory, migrated_mlflow_db: Path) -> dict[str, Any]:

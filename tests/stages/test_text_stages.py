@@ -29,6 +29,8 @@ from stages import layout
 from stages.params import validate_params
 from tests.stages.conftest import TEXT_TRACK, assert_reproducible, run_track, tiny_params
 
+pytestmark = pytest.mark.slow  # every test reads the text track run (four stages), some run it again
+
 TINY_MODEL = {"kind": "bert", "layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_length": 24,
               "vocab_size": 300}
 

@@ -49,6 +49,7 @@ def _logged(uri: str, stage: str) -> set[str]:
     return {a.path.split("/")[-1] for d in folders for a in client.list_artifacts(run_id, d)}
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_barycenter_valuation_stage(feature_run: dict[str, Any], tmp_path: Path) -> None:
     metrics = feature_run["metrics"]["barycenter_valuation"]
     mlflow_uri, root = feature_run["uri"], feature_run["root"]
@@ -153,6 +154,7 @@ def test_barycenter_valuation_stage(feature_run: dict[str, Any], tmp_path: Path)
     assert metrics["duplication"]["dataset_original_max_abs_rel_change_exact_w"] < 1e-9
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_corruption_is_seeded_and_counted(feature_run: dict[str, Any]) -> None:
     fed = load_federation("fclean", feature_run["root"] / layout.PARTITIONS)
     a = corrupted_federation(fed, "label", 0.3, 1.0, seed=0)
@@ -171,6 +173,7 @@ def test_corruption_is_seeded_and_counted(feature_run: dict[str, Any]) -> None:
     assert one.corrupted.sum() == one.corrupted[fed.rows(2)].sum() == round(0.5 * len(fed.rows(2)))
 
 
+@pytest.mark.slow  # reads the feature track run (four stages)
 def test_noisy_removal_stage(feature_run: dict[str, Any], tmp_path: Path) -> None:
     metrics = feature_run["metrics"]["noisy_removal"]
     mlflow_uri, root = feature_run["uri"], feature_run["root"]

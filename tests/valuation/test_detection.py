@@ -59,6 +59,7 @@ def planted_feature_noise(seed: int = 0):
     return (x, y), clean(200), clean(500), noisy
 
 
+@pytest.mark.slow  # FedBary, LAVA and KNN-Shapley on 700 points
 def test_fedbary_detects_planted_feature_noise_like_lava() -> None:
     """Measured (seed 0, S = 100, 20 iterations, Sinkhorn potentials vs η_Q): FedBary flags 46 points,
     recall 1.00, precision 0.87, top-40 precision 1.00; LAVA (direct access) recall 1.00, precision 0.91;

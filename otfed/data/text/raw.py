@@ -41,8 +41,9 @@ _DD_SPLIT_ORDER = ("train", "validation", "test")  # DailyDialog's pooled order 
 _SPLIT_NAMES = {"train": "train", "validation": "val", "val": "val", "dev": "val", "test": "test"}
 
 
-def read_columns(path: Path, columns: list[str]) -> pd.DataFrame:
-    """``columns`` of a raw CSV as strings ("" for empty cells; "NA" stays a text); errors name file and column."""
+def read_columns(path: Path, columns: list[str], skip_blank_lines: bool = True) -> pd.DataFrame:
+    """``columns`` of a raw CSV as strings ("" for empty cells; "NA" stays a text); errors name file and column.
+    ``skip_blank_lines=False`` keeps a blank line as a row (a file of one text column: a blank text)."""
     if not path.is_file():
         raise DataFileError(f"{path}: text dataset file not found (the embedded datasets are listed in "
                             f"data/README.md)")
@@ -52,7 +53,7 @@ def read_columns(path: Path, columns: list[str]) -> pd.DataFrame:
         if missing:
             raise DataFileError(f"{path}: missing column(s) {', '.join(map(repr, missing))}; "
                                 f"found: {', '.join(map(str, header))}")
-        frame = pd.read_csv(path, usecols=columns, dtype=str, keep_default_na=False)
+        frame = pd.read_csv(path, usecols=columns, dtype=str, keep_default_na=False, skip_blank_lines=skip_blank_lines)
     except DataFileError:
         raise
     except Exception as exc:  # gzip/zlib/UnicodeDecodeError/ParserError …

@@ -108,7 +108,9 @@ def load_text_federation(directory: str | Path, task: str | None = None,
                             f"partition.text.tasks.{spec.task} declares {declared}; rerun `dvc repro partition`")
     parties_path = directory / "parties.csv.gz"
     table = read_columns(parties_path, ["party", "role", "split", "text", "label", "id"])
-    transfer = read_columns(directory / "transfer.csv.gz", ["text"])
+    transfer = read_columns(directory / "transfer.csv.gz", ["text"], skip_blank_lines=False)
+    check_texts(table, parties_path)
+    check_texts(transfer, directory / "transfer.csv.gz")
     labels = pd.to_numeric(table["label"], errors="coerce")
     bad = labels.isna() | (labels % 1 != 0) | (labels < 0) | (labels >= len(label_names_))
     if bad.any():
@@ -199,6 +201,20 @@ def check_manifest(manifest: dict, path: Path, task: str | None = None) -> None:
         names.append(entry["name"])
     if len(set(names)) != len(names):
         raise DataError(f"{path}: key 'parties' lists {sorted({n for n in names if names.count(n) > 1})} twice")
+
+
+def check_texts(table: pd.DataFrame, path: Path) -> None:
+    """DataError naming ``path``, the number of blank texts and the first one's row (its party and split where
+    the table has them) unless every entry of column ``text`` holds more than white space: the partition drops
+    blank texts (its manifest counts them), so a blank one is an edited file — a teacher would train on, or a
+    student learn from, an empty input."""
+    blank = table["text"].map(lambda s: not str(s).strip()).to_numpy(dtype=bool)
+    if blank.any():
+        row = int(np.flatnonzero(blank)[0])
+        where = (f", party {table['party'].iloc[row]!r}, split {table['split'].iloc[row]!r}"
+                 if {"party", "split"} <= set(table.columns) else "")
+        raise DataError(f"{path}: column 'text' is blank in {int(blank.sum())} row(s) (first: row {row}{where}); "
+                        "the partition writes no blank text — rerun `dvc repro partition`")
 
 
 def check_rows(table: pd.DataFrame, n_transfer: int, manifest: dict, path: Path) -> None:
