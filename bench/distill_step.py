@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                options = {} if kind == "kl" else {"solver": args.solver, "threads": threads}
-                loss = ensemble_loss(student, teachers, kind=kind, cost=cost, eps=eps, **options)
+                options = {} if kind == "kl" else {"cost": cost, "eps": eps, "solver": args.solver, "threads": threads}
+                loss = ensemble_loss(student, teachers, kind=kind, **options)
             synchronize()
             t2 = time.perf_counter()
             loss.backward()

@@ -1,8 +1,8 @@
 """The papers' own numbers, in one place, for the results page (``python -m flows.results``).
 
-Quoted verbatim from the papers' text in ``/work/shared/papers`` (the PDF extraction garbles
-some math; numbers below are copied from the tables and sentences as extracted, e.g. "10101010" in the raw text
-is the number 10). Each paper lists the tables / figures the pipeline reproduces; each item names the stage whose
+Quoted verbatim from the papers' text (cited in ``CITATION.cff``; the papers are not in this repository). The
+PDF extraction garbles some math; numbers below are copied from the tables and sentences as extracted (e.g.
+"10101010" in the raw text is the number 10). Each paper lists the tables / figures the pipeline reproduces; each item names the stage whose
 outputs answer it, the view of those outputs (``flows.results.VIEWS``) and the stage's figures.
 
 Item keys: ``ref`` (the paper's table / figure number), ``title``, ``stage`` (DVC stage; ``run`` overrides the
@@ -18,7 +18,7 @@ from typing import Any
 FEDWAD = {
     "key": "fedwad",
     "title": "FedWaD — Federated Wasserstein Distance (ICLR 2024)",
-    "file": "002_6cad716a3bfe68e2.txt",
+    "cite": "Rakotomamonjy, Nadjahi & Ralaivola, Federated Wasserstein Distance, ICLR 2024",
     "items": [
         {
             "ref": "Fig. 2",
@@ -142,7 +142,8 @@ FEDWAD = {
 FEDBARY = {
     "key": "fedbary",
     "title": "FedBary — Data Valuation and Detections in Federated Learning",
-    "file": "003_00e64bb059b5688c.txt",
+    "cite": ("Li, Fu, Zhang & Pang, Data Valuation and Detections in Federated Learning "
+             "(code: github.com/muz1lee/MOTdata)"),
     "items": [
         {
             "ref": "Fig. 4 (scatter)",
@@ -289,7 +290,9 @@ def _knot_all_table() -> dict[str, Any]:
 KNOT = {
     "key": "knot",
     "title": "KNOT — Knowledge Distillation using Optimal Transport / Federated confident Sinkhorns",
-    "file": "000_dc0ad67b44166ed7.txt",
+    "cite": ("KNOT: Knowledge Distillation using Optimal Transport (code: github.com/declare-lab/KNOT), and "
+             "Federated Distillation of Natural Language Understanding with Confident Sinkhorns (ICLR submission, "
+             "anonymous)"),
     "items": [
         {
             "ref": "Table 1",

@@ -467,7 +467,7 @@ def page_html(reports: Path, out: Path, papers: Iterable[dict[str, Any]] = PAPER
     nav.append('<li><a href="#data">Data (partition)</a></li>')
     for paper in papers:
         body.append(f'<h2 id="{paper["key"]}">{html.escape(paper["title"])}</h2>')
-        body.append(f'<p class="meta">paper text: <code>papers/{html.escape(paper["file"])}</code> — quotes are '
+        body.append(f'<p class="meta">paper: {html.escape(paper["cite"])} (CITATION.cff) — quotes are '
                     "verbatim, with the PDF extraction's garbled math restated in plain text.</p>")
         nav.append(f'<li><a href="#{paper["key"]}">{html.escape(paper["title"].split(" — ")[0])}</a><ul>')
         seen: list[str] = []

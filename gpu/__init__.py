@@ -1,4 +1,5 @@
-"""Tooling for a session on a lent GPU machine, and the offline wheel kit that makes one possible.
+"""The GPU runs of the project (a CUDA check, the paper-scale text track, scale-out with 16 cores, a Prefect GPU
+worker) on a remote CUDA host without a package index, and the offline wheel kit that makes them possible.
 
 * ``gpu_session.sh`` — the phases one session runs on the GPU node (``bash gpu/gpu_session.sh PHASE``:
   ``check``, ``scale``, ``paper-start``, ``worker-start``, ``wait``, ``collect``), each fitting one call;

@@ -1,7 +1,7 @@
-"""The Python packages otfed needs on a lent GPU machine, packed small enough to travel there.
+"""The Python packages otfed needs on a remote CUDA host with no package index, packed small enough to travel.
 
-The GPU machines this project is lent now and then (the workplace's ``device`` tool) have PyTorch,
-transformers, pandas and scikit-learn, but not POT, geomloss, Prefect, MLflow, pydantic or Dask, and they
+The CUDA hosts the project's GPU runs target (reached by a remote-command tool that copies the working tree)
+have PyTorch, transformers, pandas and scikit-learn, but not POT, geomloss, Prefect, MLflow, pydantic or Dask, and they
 reach no package registry: what they lack travels with the working tree, 64 MiB in all, and this
 checkout's tracked files alone are about 38 MiB. This script builds that kit here, ahead of a session:
 
@@ -60,7 +60,7 @@ def normalize(name: str) -> str:
 TRAVEL_LIMIT = 64 * 2**20  # the device tool's limit on what travels in one call
 MARGIN = 2**20             # room for a report written into the tree between the build and a call
 
-#: The packages on the lent machines (``gpu/device_packages.txt``, from the workplace's KINDS.md).
+#: The packages already on the CUDA hosts (``gpu/device_packages.txt``, from their image's package list).
 DEVICE_PACKAGES = frozenset(normalize(line) for line in (ROOT / "gpu" / "device_packages.txt").read_text().split()
                             if not line.startswith("#"))
 #: Carried even though the machines have them: pydantic 2.14 and anyio 4.16 need typing-extensions ≥ 4.16,
@@ -300,7 +300,7 @@ def verify(archives: list[Path], python: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python", default="3.12", help="the machine's CPython (KINDS.md: 3.12.3)")
+    parser.add_argument("--python", default="3.12", help="the CUDA host's CPython (its image: 3.12.3)")
     parser.add_argument("--with-dvc", action="store_true",
                         help="also out/dvc.tar.xz, DVC for the pipeline flow (gpu_session.sh worker-start)")
     parser.add_argument("--out", type=Path, default=ROOT / ".devkit")

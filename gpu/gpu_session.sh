@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU measurements issues #10 and #12 ask for, in the phases one session on a lent GPU machine (the
-# workplace's `device` tool: 10 minutes per call, 30 minutes of device time per session) can run. Each phase
-# fits one call; their results go to $OUT (what the tool brings back: at most 8 files), one .tar.gz per phase
+# The project's GPU measurements — a CUDA check of the tests and the Sinkhorn backends, the paper-scale text
+# track, the scale-out benchmarks on 16 cores, a Prefect GPU worker — split into phases of under 10 minutes each,
+# so that a remote CUDA host reached one command at a time (a copy of the working tree, no package index, at most
+# 64 MiB carried per command) can run them phase by phase. Each phase's results go to $OUT, one .tar.gz per phase
 # and its log.
 #
 #   check        (~8 min)  the kit; gpu/gpu_check.sh (nvidia-smi, the gpu-marked tests, a timed tiny text-track

@@ -12,7 +12,9 @@
   global federation, and the planted groups), each client scored on its own held-out split, over seeds;
 * privacy (FedWaD §3, FedBary §4.4): an honest-but-curious server reconstructs a client's samples from the
   FedWaD / federated OTDD / FedBary messages it received, over the protocols' privacy knobs (random t,
-  distances only at the end, S, K), and the DP FedWaD client against the same attack (error vs ε, ARI vs ε).
+  distances only at the end, S, K), and the DP FedWaD client against the same attack and the stronger ones
+  (round averaging, a likelihood ratio over rounds, membership over many splits, clip-radius canaries; error vs ε,
+  ARI vs ε), reported as a guarantee only at ε ≤ ``dp.meaningful_epsilon`` and labelled "no formal guarantee" above.
 
 One flat job list: every toy case, every convergence run, every OTDD pair and every clustering pair (one
 FedWaD session each, with its own per-pair seed), every coreset run, every privacy cell; then follow-up jobs
@@ -20,7 +22,7 @@ FedWaD session each, with its own per-pair seed), every coreset run, every priva
 pairs give. Each job's key names its kind first, then which one it is — ``("toy", d, ratio, n, repeat)``,
 ``("convergence", d, S, interpolation, t)``, ``("otdd", a, b)``, ``("pair", federation, a, b)``, ``("coreset",
 federation, points, seed)``, ``("attack", pair index, repeat, …cell)``, ``("dp", pair index, repeat, S, t, ε)``,
-``("dp_fedbary", pair index, repeat, S, ε)``, ``("dp_clustering", ε)``, ``("clustered_fl", federation,
+``("dp_fedbary", pair index, repeat, S, ε)``, ``("dp_audit", pair index, ε)``, ``("dp_clustering", ε)``, ``("clustered_fl", federation,
 clustering, algorithm, seed)`` — and the report reads each kind's results by it.
 Degenerate clients (no samples, NaN features, a class with one sample) are left out of the distances and
 listed in ``degenerate_clients.csv``.
@@ -54,7 +56,7 @@ from otfed.fl import PersonalizedConfig, per_cluster_accuracy
 from otfed.metrics import adjusted_rand_index, mean_confidence_interval, order_preservation
 from otfed.ot import otdd_exact, wasserstein
 from otfed.ot.otdd import LabelledData, augmented_measure
-from otfed.privacy.attack import Protocol, attack_protocol
+from otfed.privacy.attack import Protocol, attack_protocol, canary_audit, dp_attack, membership_splits
 from otfed.privacy.dp import DPConfig, dp_federated_wasserstein, gaussian_epsilon
 from otfed.schema import InterpolationTime, PositiveInt, Strict
 from stages import layout
@@ -160,6 +162,14 @@ class PrivacyDPParams(Strict):
                           "server's validation set, t random, K = iterations, S in supports): the attack vs ε. C in "
                           "the label-augmented space: the clip_quantile quantile of the norms of the server's "
                           "augmented validation samples.")
+    meaningful_epsilon: float = Field(10.0, gt=0.0, description="The largest ε reported as a formal guarantee; "
+                                      "rows above it are labelled 'no formal guarantee' (docs/privacy.md says why).")
+    membership_splits: int = Field(20, ge=0, le=1000, description="Per (pair, ε): member / non-member splits of the "
+                                   "target's rows ∪ held-out rows, one DP FedWaD session each (S = members, the fixed "
+                                   "t of times), AUC mean and 95% interval; 0: off.")
+    canaries: int = Field(10, ge=0, le=1000, description="Per (pair, ε) and audit session: clip-radius canaries "
+                          "inserted (as many held out), the likelihood-ratio AUC; 0: off.")
+    canary_sessions: int = Field(5, ge=1, le=1000, description="Audit sessions per (pair, ε).")
 
 
 class PrivacyParams(Strict):
@@ -336,10 +346,14 @@ def check_privacy_data(p: Params, data: PrivacyData) -> None:
     clients, the target with held-out rows (:func:`_privacy_pair`), and — where FedBary takes the server's
     validation split as its reference (``fedbary_validation`` or ``dp.fedbary``) — that split (the first
     ``validation_samples`` test rows) is a usable labelled measure: every class in it with at least two
-    rows (:func:`~otfed.ot.otdd.augmented_measure`)."""
+    rows (:func:`~otfed.ot.otdd.augmented_measure`); ``dp.canaries`` at most every target's size."""
     cfg = p.fed_distance.privacy
     for i, pair in enumerate(cfg.pairs):
-        _privacy_pair(data, i, pair)
+        target, _, _ = _privacy_pair(data, i, pair)
+        n = int(np.asarray(target.x).shape[0])
+        if cfg.dp is not None and cfg.dp.canaries > n:
+            raise DegenerateClientError(f"fed_distance.privacy.dp.canaries: {cfg.dp.canaries} canaries cannot replace "
+                                        f"records of pairs[{i}]'s target {target.name!r} (n = {n}); take at most {n}")
     uses_validation = (("fedbary" in cfg.protocols and True in cfg.fedbary_validation)
                        or (cfg.dp is not None and cfg.dp.fedbary))
     if uses_validation:
@@ -587,8 +601,9 @@ def _privacy_pair(data: PrivacyData, i: int, pair: list[int]) -> tuple[LabelledD
 def privacy_jobs(p: Params) -> list[Job]:
     """Per (pair, seed) one :func:`privacy_attack` per attack cell (key ``("attack", i, r, …the cell's values)``
     for ``pairs[i]`` and seed r), then per (pair, seed) one :func:`privacy_dp` per DP cell (``("dp", i, r, S, t,
-    ε)``), then per (pair, seed) one :func:`privacy_dp_fedbary` per DP FedBary cell (``("dp_fedbary", i, r, S,
-    ε)``), then one :func:`privacy_dp_clustering` per ε (``("dp_clustering", ε)``)."""
+    ε)``), then per (pair, ε) one :func:`privacy_dp_audit` (``("dp_audit", i, ε)``; unless both its parts are off),
+    then per (pair, seed) one :func:`privacy_dp_fedbary` per DP FedBary cell (``("dp_fedbary", i, r, S, ε)``), then
+    one :func:`privacy_dp_clustering` per ε (``("dp_clustering", ε)``)."""
     cfg, seed = p.fed_distance.privacy, p.run.seed
     if cfg is None:
         return []
@@ -621,8 +636,19 @@ def privacy_jobs(p: Params) -> list[Job]:
                                    federation=cfg.federation, target=target, partner=partner, non_members=held,
                                    support=c["support"], t=c["t"], iterations=dp.iterations, epsilon=c["epsilon"],
                                    delta=dp.delta, clip_radius=data.clip_radius, accountant=dp.accountant,
-                                   threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r),
+                                   threshold=cfg.threshold, seed=privacy_seed(seed, pair[0], pair[1], r), repeat=r,
+                                   meaningful_epsilon=dp.meaningful_epsilon),
                                key=("dp", i, r, c["support"], c["t"], c["epsilon"])))
+    if dp.membership_splits or dp.canaries:
+        for i, pair in enumerate(cfg.pairs):
+            target, partner, held = _privacy_pair(data, i, pair)
+            for e in dict.fromkeys(dp.epsilons):
+                out.append(Job(f"privacy dp audit eps={e:g} {target.name}|{partner.name}", privacy_dp_audit, dict(
+                    federation=cfg.federation, target=target, partner=partner, non_members=held,
+                    t=audit_time(dp), iterations=dp.iterations, epsilon=e, delta=dp.delta,
+                    clip_radius=data.clip_radius, accountant=dp.accountant, splits=dp.membership_splits,
+                    canaries=dp.canaries, canary_sessions=dp.canary_sessions, threshold=cfg.threshold,
+                    seed=privacy_seed(seed, pair[0], pair[1], 0)), key=("dp_audit", i, e)))
     if dp.fedbary:
         radius = float(np.quantile(np.linalg.norm(augmented_measure(data.validation, diagonal=True).support, axis=1),
                                    dp.clip_quantile))
@@ -697,13 +723,16 @@ def privacy_attack(federation: str, target: LabelledData, partner: LabelledData,
 
 def privacy_dp(federation: str, target: LabelledData, partner: LabelledData, non_members: np.ndarray,
                support: int | str, t: float | str, iterations: int, epsilon: float, delta: float, clip_radius: float,
-               accountant: str, threshold: float, seed: int, repeat: int) -> dict[str, Any]:
+               accountant: str, threshold: float, seed: int, repeat: int,
+               meaningful_epsilon: float = 10.0) -> dict[str, Any]:
     """One DP cell: FedWaD between ``target`` and ``partner`` with both clients (ε, δ)-DP
     (:class:`~otfed.privacy.dp.DPWassersteinClient`, records clipped to B(0, ``clip_radius``)), attacked like
     :func:`privacy_attack`; next to it the exact W2 (POT network simplex) and the non-DP FedWaD estimate of the
-    same session (same seed: same ξ⁰ and t's). One row: the setting; epsilon_spent (the accountant's ε of the
-    target's releases), noise_multiplier, releases, clipped_fraction (target rows outside the ball); estimate,
-    exact_w2, fedwad_estimate, rel_error and fedwad_rel_error (|· − W2| / W2); the attack's scores; seconds."""
+    same session (same seed: same ξ⁰ and t's). One row: the setting; guarantee (:func:`guarantee_label`);
+    epsilon_spent (the accountant's ε of the target's releases), noise_multiplier, releases, clipped_fraction (target
+    rows outside the ball); estimate, exact_w2, fedwad_estimate, rel_error and fedwad_rel_error (|· − W2| / W2); the
+    per-round attack's scores; the round-averaged attack's (averaged_*) and the likelihood-ratio AUCs (lr_*,
+    :func:`~otfed.privacy.attack.dp_attack`); seconds."""
     x = np.asarray(target.x, dtype=np.float64)
     n = x.shape[0]
     s = _support_size(support, n)
@@ -711,11 +740,12 @@ def privacy_dp(federation: str, target: LabelledData, partner: LabelledData, non
     exact = wasserstein(x, partner.x, p=2)
     plain = federated_wasserstein(x, partner.x, config, seed=seed).estimate
     dp = DPConfig(epsilon=epsilon, delta=delta, clip_radius=clip_radius, accountant=accountant)
-    res, secs = timed(attack_protocol, "fedwad", target, [partner], non_members, config, seed=seed,
-                      threshold=threshold, dp=dp)
-    sc = res.scores
+    res, secs = timed(dp_attack, x, partner.x, non_members, config, dp, seed=seed, threshold=threshold,
+                      names=(target.name, partner.name))
+    sc, av = res.baseline, res.averaged
     return dict(federation=federation, target=target.name, partner=partner.name, n=n, support=str(support), S=s,
                 t=str(t), iterations=iterations, epsilon=float(epsilon), delta=delta, repeat=repeat,
+                guarantee=guarantee_label(epsilon, meaningful_epsilon),
                 epsilon_spent=res.epsilon, noise_multiplier=res.noise_multiplier, releases=res.releases,
                 clip_radius=clip_radius, clipped_fraction=float(np.mean(np.linalg.norm(x, axis=1) > clip_radius)),
                 estimate=res.estimate, exact_w2=exact, fedwad_estimate=plain,
@@ -723,7 +753,70 @@ def privacy_dp(federation: str, target: LabelledData, partner: LabelledData, non
                 fedwad_rel_error=abs(plain - exact) / exact, t_methods=res.t_methods, points=res.points,
                 recovered_fraction=sc.recovered_fraction, non_member_fraction=sc.non_member_fraction,
                 precise_fraction=sc.precise_fraction, median_error=sc.median_error, membership_auc=sc.membership_auc,
-                seconds=secs)
+                averaged_recovered_fraction=av.recovered_fraction, averaged_non_member_fraction=av.non_member_fraction,
+                averaged_membership_auc=av.membership_auc, lr_membership_auc=res.lr_auc,
+                lr_rounds_membership_auc=res.lr_rounds_auc, seconds=secs)
+
+
+def max_advantage(noise_multiplier: float, releases: int) -> float:
+    """The largest membership advantage TPR − FPR of any test on ``releases`` Gaussian releases of multiplier
+    ``noise_multiplier``: their composition is μ-GDP with μ = √releases / σ_mult (Dong, Roth & Su 2022, "Gaussian
+    differential privacy"), whose trade-off curve allows at most 2Φ(μ/2) − 1 = erf(μ/(2√2)); 1 without noise."""
+    if noise_multiplier <= 0:
+        return 1.0
+    return math.erf(math.sqrt(releases) / noise_multiplier / (2.0 * math.sqrt(2.0)))
+
+
+def guarantee_label(epsilon: float, meaningful: float) -> str:
+    """``"formal"`` for ε ≤ ``meaningful`` (:attr:`PrivacyDPParams.meaningful_epsilon`), else ``"no formal
+    guarantee"`` (∞: no noise at all)."""
+    return "formal" if epsilon <= meaningful else "no formal guarantee"
+
+
+def audit_time(dp: PrivacyDPParams) -> float:
+    """The fixed t of the audits: the first fixed t of ``dp.times`` (public: the strongest attacker), else 0.5."""
+    return next((float(t) for t in dp.times if t != "random"), 0.5)
+
+
+def privacy_dp_audit(federation: str, target: LabelledData, partner: LabelledData, non_members: np.ndarray,
+                     t: float, iterations: int, epsilon: float, delta: float, clip_radius: float, accountant: str,
+                     splits: int, canaries: int, canary_sessions: int, threshold: float, seed: int) -> dict[str, Any]:
+    """The DP FedWaD client audited at one ε by the strongest attacks of :mod:`otfed.privacy.attack`, fixed public
+    t, S = the client's size: membership over ``splits`` member / non-member splits of the target's rows ∪
+    ``non_members`` (:func:`~otfed.privacy.attack.membership_splits`: per split a session of n = the target's size
+    members, mean AUC and 95% interval for the per-round nearest-point, round-averaged and likelihood-ratio
+    scores, and the round average's recovered fractions) and ``canaries`` clip-radius canaries per session over
+    ``canary_sessions`` sessions (:func:`~otfed.privacy.attack.canary_audit`: likelihood-ratio AUC, mean and 95%
+    interval). One row; NaN where a part is off (0)."""
+    x = np.asarray(target.x, dtype=np.float64)
+    n = x.shape[0]
+    dp = DPConfig(epsilon=epsilon, delta=delta, clip_radius=clip_radius, accountant=accountant)
+    row: dict[str, Any] = dict(federation=federation, target=target.name, partner=partner.name, n=n, t=t,
+                               iterations=iterations, epsilon=float(epsilon), delta=delta, splits=splits,
+                               canaries=canaries, canary_sessions=canary_sessions if canaries else 0)
+    config = FedWaDConfig(support_size=n, iterations=iterations, t=t, lower_bound=False)
+    secs = 0.0
+    if splits:
+        pool = np.vstack([x, np.asarray(non_members, dtype=np.float64)])
+        res, secs = timed(membership_splits, pool, partner.x, n, config, dp, splits=splits, seed=seed,
+                          threshold=threshold)
+        for score in ("nearest", "averaged", "lr"):
+            mean, low, high = res.interval(score)
+            row |= {f"{score}_auc": mean, f"{score}_auc_low": low, f"{score}_auc_high": high}
+        row |= dict(averaged_recovered=float(res.averaged_recovered.mean()),
+                    averaged_non_member=float(res.averaged_non_member.mean()))
+    else:
+        row |= {f"{s}_auc{e}": np.nan for s in ("nearest", "averaged", "lr") for e in ("", "_low", "_high")}
+        row |= dict(averaged_recovered=np.nan, averaged_non_member=np.nan)
+    if canaries:
+        audit, more = timed(canary_audit, x, partner.x, config, dp, canaries=canaries, sessions=canary_sessions,
+                            seed=seed)
+        secs += more
+        mean, low, high = audit.interval("lr")
+        row |= dict(canary_auc=mean, canary_auc_low=low, canary_auc_high=high)
+    else:
+        row |= dict(canary_auc=np.nan, canary_auc_low=np.nan, canary_auc_high=np.nan)
+    return row | dict(seconds=secs)
 
 
 def privacy_dp_fedbary(federation: str, target: LabelledData, partner: LabelledData, non_members: np.ndarray,
@@ -829,11 +922,14 @@ def toy_convergence(dim: int, n: int, support: int, iterations: int, interpolati
 
 def otdd_pair(a: LabelledData, b: LabelledData, config: FedWaDConfig, seed: int,
               diagonal: bool = True) -> dict[str, Any]:
-    """Federated OTDD (FedWaD on augmented samples) next to the exact OTDD on the same samples (fig. 6)."""
+    """Federated OTDD (FedWaD on augmented samples) next to the exact OTDD on the same samples (fig. 6): the
+    estimate (an upper bound, FedWaD eq. 6), ``lower`` (Gelbrich's bound from the clients' moments when
+    ``config.lower_bound``, else NaN; :func:`~otfed.federation.otdd.federated_otdd`) and the exact OTDD between."""
     fed, t_fed = timed(federated_otdd, a, b, config, seed=seed, diagonal=diagonal)
     exact, t_exact = timed(otdd_exact, a.x, a.y, b.x, b.y, diagonal=diagonal)
-    return dict(a=a.name, b=b.name, federated=fed.estimate, exact=exact, seconds_federated=t_fed,
-                seconds_exact=t_exact, bytes=fed.ledger.total_bytes, messages=len(fed.ledger.entries))
+    return dict(a=a.name, b=b.name, federated=fed.estimate, lower=np.nan if fed.lower is None else fed.lower,
+                exact=exact, seconds_federated=t_fed, seconds_exact=t_exact, bytes=fed.ledger.total_bytes,
+                messages=len(fed.ledger.entries))
 
 
 def clustering_names(cfg: ClusteringParams) -> list[str]:
@@ -941,7 +1037,7 @@ def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -
         metrics["coresets"] = coreset_metrics(rows_of(results, "coreset"), fl_summary, out)
     if fd.privacy is not None:
         metrics["privacy"] = privacy_metrics(p, results.of("attack"), results.of("dp"), results.of("dp_fedbary"),
-                                             results.of("dp_clustering"), out)
+                                             results.of("dp_clustering"), out, results.of("dp_audit"))
     out.table(pd.DataFrame(degenerate, columns=["federation", "client", "reason"]), "degenerate_clients.csv")
     metrics["degenerate_clients"] = len(degenerate)
     return metrics
@@ -1161,19 +1257,31 @@ def privacy_attack_summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def privacy_dp_summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per DP cell (:data:`DP_KEYS`, grid order): the largest ε spent, σ_mult, releases; means over pairs and
-    seeds of the DP and non-DP relative errors, recovered, non_member, auc and the clipped fraction."""
+    """Per DP cell (:data:`DP_KEYS`, grid order): the guarantee label, the largest ε spent, σ_mult, releases; means
+    over pairs and seeds of the DP and non-DP relative errors, the per-round attack's recovered, non_member and
+    auc, the round-averaged attack's (avg_recovered, avg_non_member, avg_auc), the likelihood-ratio AUC (lr_auc)
+    and the clipped fraction."""
+    extra = {}
+    if "averaged_recovered_fraction" in rows:
+        extra = dict(avg_recovered=("averaged_recovered_fraction", "mean"),
+                     avg_non_member=("averaged_non_member_fraction", "mean"),
+                     avg_auc=("averaged_membership_auc", "mean"), lr_auc=("lr_membership_auc", "mean"))
+    guarantee = {"guarantee": ("guarantee", "first")} if "guarantee" in rows else {}
     return rows.groupby(DP_KEYS, sort=False, as_index=False).agg(
-        runs=("repeat", "size"), epsilon_spent=("epsilon_spent", "max"), noise_multiplier=("noise_multiplier", "mean"),
-        releases=("releases", "max"), rel_error=("rel_error", "mean"), fedwad_rel_error=("fedwad_rel_error", "mean"),
-        recovered=("recovered_fraction", "mean"), non_member=("non_member_fraction", "mean"),
-        auc=("membership_auc", "mean"), clipped_fraction=("clipped_fraction", "mean"))
+        **guarantee, runs=("repeat", "size"), epsilon_spent=("epsilon_spent", "max"),
+        noise_multiplier=("noise_multiplier", "mean"), releases=("releases", "max"), rel_error=("rel_error", "mean"),
+        fedwad_rel_error=("fedwad_rel_error", "mean"), recovered=("recovered_fraction", "mean"),
+        non_member=("non_member_fraction", "mean"), auc=("membership_auc", "mean"), **extra,
+        clipped_fraction=("clipped_fraction", "mean"))
 
 
 def at_baseline(sub: pd.DataFrame) -> int:
     """How many of ``sub``'s rows (one DP setting, sorted by ε) lead the grid with the attack recovering no more
-    of the target's samples than of its non-members: the baseline ε is row k − 1 (none when 0)."""
+    of the target's samples than of its non-members — the per-round attack and, where the rows have it, the
+    round-averaged one (``avg_recovered``, ``avg_non_member``): the baseline ε is row k − 1 (none when 0)."""
     below = (sub.recovered <= sub.non_member).to_numpy()
+    if "avg_recovered" in sub:
+        below = below & (sub.avg_recovered <= sub.avg_non_member).to_numpy()
     return int(np.argmin(below)) if not below.all() else len(below)
 
 
@@ -1285,22 +1393,57 @@ def attack_findings(summary: pd.DataFrame) -> list[str]:
 
 
 def dp_findings(summary: pd.DataFrame, baselines: pd.DataFrame, clustering: pd.DataFrame | None,
-                rows: pd.DataFrame, fedbary: pd.DataFrame | None = None) -> list[str]:
-    """What the DP table says: per setting where the attack falls to the non-member baseline and the error
-    there; the ε the accountant says was spent; the clustering ARI; the attack on DP FedBary (``fedbary``: rows
-    support, epsilon, recovered, non_member) and where its detection cost is measured."""
+                rows: pd.DataFrame, fedbary: pd.DataFrame | None = None, meaningful: float = 10.0,
+                audit: pd.DataFrame | None = None) -> list[str]:
+    """What the DP table says: which ε carry a formal guarantee (≤ ``meaningful``); per setting where the
+    per-round and the round-averaged attacks fall to the non-member baseline and the error there; what the
+    strongest attacks find above the threshold (no formal guarantee); the membership audit over splits and the
+    clip-radius canaries (``audit``, :func:`privacy_dp_audit` rows); the ε the accountant says was spent; the
+    clustering ARI; the attack on DP FedBary (``fedbary``: rows support, epsilon, recovered, non_member) and where
+    its detection cost is measured."""
     lines = []
     c, q = float(rows.clip_radius.iloc[0]), float(rows.clipped_fraction.mean())
     lines.append(f"Both clients DP (replace-one (ε, δ) per client, δ = {_num(float(rows.delta.iloc[0]))}); clip "
                  f"radius C = {c:.4g} from the server's public test rows; {100 * q:.1f}% of the targets' rows clipped.")
+    per_eps = summary.groupby("epsilon", sort=True).agg(z=("noise_multiplier", "max"), r=("releases", "max"))
+    bounds = ", ".join(f"ε = {_num(e)}: {max_advantage(r.z, int(r.r)):.6g}" for e, r in per_eps.iterrows()
+                       if np.isfinite(e))
+    lines.append(f"Formal guarantee: ε ≤ {_num(meaningful)}; every row with a larger ε (and ∞, no noise) is labelled "
+                 "\"no formal guarantee\". The largest membership advantage (TPR − FPR) any attack can reach on a "
+                 "client's releases, erf(μ/(2√2)) with μ = √releases / σ_mult (μ-GDP, Dong, Roth & Su 2022): "
+                 f"{bounds}.")
     for b in baselines.itertuples():
-        where = ("at every ε of the grid, ∞ (no noise) included" if b.baseline_epsilon == math.inf else
-                 f"at every ε ≤ {_num(b.baseline_epsilon)}" if b.baseline_epsilon == b.baseline_epsilon
-                 else "at no ε of the grid")
-        lines.append(f"S = {b.support}, t = {b.t}: the attack recovers no more of the target's samples than of its "
-                     f"non-members {where}; the DP estimate's relative error vs the exact W2 is "
-                     f"{_num(b.rel_error_at_baseline)} there (non-DP FedWaD: {_num(b.fedwad_rel_error)}); at the "
-                     f"largest ε {_pct(b.recovered_at_largest_epsilon)} recovered.")
+        sub = summary[(summary.support == b.support) & (summary.t == b.t)].sort_values("epsilon", kind="stable")
+        formal = sub[sub.epsilon <= meaningful]
+        k = at_baseline(formal) if len(formal) else 0
+        where = (f"at every formally guaranteed ε (≤ {_num(meaningful)})" if len(formal) and k == len(formal) else
+                 f"at every ε ≤ {_num(float(formal.epsilon.iloc[k - 1]))}" if k else "at no ε of the grid")
+        attacks = "neither the per-round nor the round-averaged attack" if "avg_recovered" in sub else "the attack"
+        line = (f"S = {b.support}, t = {b.t}: {attacks} recovers more of the target's samples than of its "
+                f"non-members {where}; the DP estimate's relative error vs the exact W2 is "
+                f"{_num(float(formal.rel_error.iloc[k - 1])) if k else 'n/a'} there (non-DP FedWaD: "
+                f"{_num(b.fedwad_rel_error)}).")
+        loose = sub[sub.epsilon > meaningful]
+        if len(loose) and "avg_recovered" in loose:
+            line += (" No formal guarantee: " + ", ".join(
+                f"ε = {_num(r.epsilon)}: {_pct(r.recovered)} / {_pct(r.avg_recovered)} recovered per-round / "
+                f"round-averaged (non-members {_pct(r.avg_non_member)}), AUC {_num(r.auc)} / {_num(r.avg_auc)}"
+                for r in loose.itertuples()) + ".")
+        lines.append(line)
+    if audit is not None and len(audit):
+        for target, sub in audit.groupby("target", sort=False):
+            parts = []
+            for r in sub.itertuples():
+                label = "formal" if r.epsilon <= meaningful else "no formal guarantee"
+                parts.append(f"ε = {_num(r.epsilon)} ({label}): membership AUC {_num(r.averaged_auc)} "
+                             f"[{_num(r.averaged_auc_low)}, {_num(r.averaged_auc_high)}], canaries "
+                             f"{_num(r.canary_auc)} [{_num(r.canary_auc_low)}, {_num(r.canary_auc_high)}]")
+            first = sub.iloc[0]
+            lines.append(f"The strongest attacks on {target} (n = {int(first.n)}), S = n, t = {_num(float(first.t))} "
+                         f"(public), mean and 95% interval (uncorrected) over {int(first.splits)} member / non-member "
+                         f"splits (round-averaged score) and over {int(first.canary_sessions)} sessions of "
+                         f"{int(first.canaries)} clip-radius canaries (likelihood-ratio score; privacy_dp_audit.csv): "
+                         + "; ".join(parts) + ".")
     finite = rows[np.isfinite(rows.epsilon)]
     if len(finite):
         ratio = float((finite.epsilon_spent / finite.epsilon).max())
@@ -1316,10 +1459,11 @@ def dp_findings(summary: pd.DataFrame, baselines: pd.DataFrame, clustering: pd.D
             sub = sub.sort_values("epsilon", kind="stable")
             lines.append(f"FedBary, every client DP (otfed.privacy.dp_fedbary; Q the server's validation set, t "
                          f"random), S = {support}: recovered (non-members) per ε — "
-                         + ", ".join(f"{_num(r.epsilon)}: {_pct(r.recovered)} ({_pct(r.non_member)})"
+                         + ", ".join(f"{_num(r.epsilon)}{'' if r.epsilon <= meaningful else ' (no formal guarantee)'}: "
+                                     f"{_pct(r.recovered)} ({_pct(r.non_member)})"
                                      for r in sub.itertuples()) + " (privacy_dp_fedbary.csv).")
     lines.append("FedBary's noisy-data detection AUC vs ε with every client DP: stage barycenter_valuation, "
-                 "reports/valuation/privacy_dp_detection_summary.md.")
+                 "reports/valuation/privacy_dp_detection_summary.md — read it at the formally guaranteed ε only.")
     return lines
 
 
@@ -1337,8 +1481,8 @@ def write_privacy_markdown(out: Report, name: str, title: str, quotes: list[str]
 
 
 def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[dict[str, Any]],
-                    dp_fedbary_rows: list[dict[str, Any]], clustering: list[dict[str, Any]], out: Report
-                    ) -> dict[str, Any]:
+                    dp_fedbary_rows: list[dict[str, Any]], clustering: list[dict[str, Any]], out: Report,
+                    audit_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The attack and DP tables (``privacy_attack.csv``, ``privacy_dp.csv``, ``privacy_dp_clustering.csv``; their
     Markdown twins carry the papers' statements and what the numbers say), ``privacy.png``, and the metrics:
     per protocol and S the recovered fraction under the papers' defences (random t, distances at the end, the
@@ -1346,7 +1490,9 @@ def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[
     fixed t (the strongest attacker; else the first setting) the largest ε at which the attack is at its
     non-member baseline (``dp_baseline_epsilon``), the DP error there (``dp_rel_error_at_baseline``) and the
     non-DP error; per ε the clustering ARI; per S the largest ε at which the attack on DP FedBary is at its
-    baseline (``dp_fedbary_S<S>_baseline_epsilon``; table ``privacy_dp_fedbary.csv``) (nested run ``privacy``)."""
+    baseline (``dp_fedbary_S<S>_baseline_epsilon``; table ``privacy_dp_fedbary.csv``); with ``audit_rows``
+    (:func:`privacy_dp_audit`) the table ``privacy_dp_audit.csv`` and per ε ``dp_audit_auc_eps<ε>`` and
+    ``dp_canary_auc_eps<ε>`` (nested run ``privacy``)."""
     cfg, fd, seed = p.fed_distance.privacy, p.fed_distance, p.run.seed
     metrics: dict[str, Any] = {}
     attack = without_rounding_noise(pd.DataFrame(attack_rows))
@@ -1409,14 +1555,21 @@ def privacy_metrics(p: Params, attack_rows: list[dict[str, Any]], dp_rows: list[
                 metrics[f"dp_clustering_ari_eps{r.epsilon:g}"] = float(r.ari)
         dp_cfg = cfg.dp
         assert dp_cfg is not None  # dp rows exist
+        audit = None
+        if audit_rows:
+            audit = pd.DataFrame(audit_rows)
+            out.table(audit, "privacy_dp_audit.csv")
+            for eps, sub in audit.groupby("epsilon", sort=False):
+                metrics[f"dp_audit_auc_eps{eps:g}"] = float(sub.averaged_auc.mean())
+                metrics[f"dp_canary_auc_eps{eps:g}"] = float(sub.canary_auc.mean())
         setting = (f"Setting: the attack's federation, targets and scoring; FedWaD with K = {dp_cfg.iterations}, "
                    f"approximate interpolation; C = the {dp_cfg.clip_quantile} quantile of the norms of the server's "
                    f"test rows in the PCA space; accountant {dp_cfg.accountant}; rel_error = |estimate − W2| / W2 "
                    "(W2: exact, POT network simplex); means over seeds and targets; one row per run in "
                    "privacy_dp.csv; the clustering rows in privacy_dp_clustering.csv.")
         write_privacy_markdown(out, "privacy_dp.md", "DP FedWaD: the attack and the distance error vs ε", ["dp"],
-                               dp_findings(dp_summary, baselines, clustering_table, dp, fedbary_summary), setting,
-                               dp_summary)
+                               dp_findings(dp_summary, baselines, clustering_table, dp, fedbary_summary,
+                                           dp_cfg.meaningful_epsilon, audit), setting, dp_summary)
     out.figure(figs.privacy_figure(summary, dp_summary, clustering_table, fedbary_summary), "privacy.png")
     with out.variant("privacy", tags={"federation": cfg.federation}) as child:
         child.log_metrics({key: v for key, v in metrics.items() if np.isfinite(v)})

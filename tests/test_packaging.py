@@ -66,3 +66,69 @@ def test_the_checkout_venv_runs_the_otfed_command() -> None:
     done = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=ceiling(120),
                           cwd=REPO)
     assert done.returncode == 0 and "run" in done.stdout and "doctor" in done.stdout, tail(done.stdout, done.stderr)
+
+
+# ------------------------------------------------------------------------------------- extras pinned to the lock
+
+
+def _lock() -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def test_every_extra_pins_what_the_lock_pins() -> None:
+    """``pip install ".[text]"`` once took torch 2.14.1 and its CUDA stack where the lock has 2.13.0 (issue #34):
+    every requirement of every extra is ``==`` the lock's version; the core's ranges contain the lock's."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lock = _lock()
+    problems = []
+    for extra, requirements in project["optional-dependencies"].items():
+        for line in requirements:
+            requirement = Requirement(line)
+            name = canonicalize_name(requirement.name)
+            if name == "otfed":
+                continue
+            specs = list(requirement.specifier)
+            if name not in lock:
+                problems.append(f"[{extra}] {line}: not in requirements.lock")
+            elif len(specs) != 1 or specs[0].operator != "==" or specs[0].version != lock[name]:
+                problems.append(f"[{extra}] {line}: the lock pins {requirement.name}=={lock[name]}")
+    for line in project["dependencies"]:
+        requirement = Requirement(line)
+        if not requirement.specifier.contains(lock[canonicalize_name(requirement.name)]):
+            problems.append(f"core {line}: excludes the locked {lock[canonicalize_name(requirement.name)]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_bias_estimate_needs_no_tqdm() -> None:
+    """otfed.distill.bias imports tqdm only to show a bar: with tqdm unimportable (torch then goes without it too)
+    the probability bias of a model that always answers label 1 is (0, 1, 0), its exact value."""
+    script = """
+import importlib.abc, sys
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tqdm":
+            raise ImportError("tqdm is blocked")
+sys.meta_path.insert(0, Blocked())
+import torch
+from otfed.distill.bias import probability_bias
+bias = probability_bias(lambda texts: torch.tensor([[0.2, 0.7, 0.1]] * len(texts)), ["a b", "c d", "e f"],
+                        batch_size=2, progress=False)
+print(bias.tolist(), "tqdm" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=ceiling(300))
+    assert done.returncode == 0, tail(done.stdout, done.stderr)
+    assert done.stdout.split() == ["[0.0,", "1.0,", "0.0]", "False"], done.stdout

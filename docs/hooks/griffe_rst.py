@@ -11,7 +11,10 @@ out wrong, so this extension rewrites them in every docstring before rendering (
 * ``Parameters:`` / ``Returns:`` / ``Raises:`` sections (an indented block of ``name: description`` entries under
   the heading) become a bold heading and a list, ``name`` as code, instead of preformatted text;
 * indented blocks that are not list continuations (Algorithm 1's steps, an equation set off by indentation)
-  become preformatted text instead of being run into the preceding paragraph.
+  become preformatted text instead of being run into the preceding paragraph;
+* TeX-style scripts — ``ξ^{k−1}``, ``η_{P_i}``, ``Σ^{1/2}``, ``ξ^K`` — become superscripts and subscripts
+  (``<sup>`` / ``<sub>``) in prose and plain text in preformatted blocks (Unicode scripts where every character
+  has one, ``ξ^(k−1)`` otherwise), never raw braces; code spans and doctests are left as they are.
 
 Loaded by ``mkdocs.yml`` (``plugins.mkdocstrings.handlers.python.options.extensions``).
 """
@@ -82,7 +85,7 @@ def rst_to_markdown(text: str, obj: griffe.Object | None = None) -> str:
                 j += 1
             block = lines[i:j]
             indent = min(len(l) - len(l.lstrip()) for l in block if l.strip())
-            out.extend(_block("text", [_plain_roles(l[indent:]) for l in block], out))
+            out.extend(_block("text", [plain_maths(_plain_roles(l[indent:])) for l in block], out))
             i = j
             continue
         out.append(_roles(line, obj))
@@ -172,8 +175,63 @@ def _table(lines: list[str], start: int, obj: griffe.Object | None) -> tuple[lis
     return [row(header), "| " + " | ".join("---" for _ in header) + " |", *map(row, rows)], i
 
 
+SCRIPT = re.compile(r"[\^_]\{")                                   # ^{ or _{ : a TeX group follows
+BARE_SUP = re.compile(r"(?<=[^\s^_])\^(\((?:[^()]*)\)|[−\-]?[0-9A-Za-zα-ωΑ-Ω]+)")  # ξ^K, M^r, γ^(0), n^−1
+CODE_SPAN = re.compile(r"(``.*?``|`[^`]*`|<code>.*?</code>)")
+ANGLE = re.compile(r"<(?!/?(?:sup|sub|code|autoref)\b)([^\s<>][^<>\n]*)>")  # ⟨f, a⟩ or a <placeholder>, not a tag
+SUPERSCRIPTS = dict(zip("0123456789+−-=()nikKTrpdtsjx", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁻⁼⁽⁾ⁿⁱᵏᴷᵀʳᵖᵈᵗˢʲˣ"))
+SUBSCRIPTS = dict(zip("0123456789+−-=()aeoxhklmnpstij", "₀₁₂₃₄₅₆₇₈₉₊₋₋₌₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼ"))
+
+
+def _groups(text: str, wrap) -> str:
+    """``text`` with every ``^{…}`` / ``_{…}`` group (braces balanced, nested groups first) replaced by
+    ``wrap(kind, content)``, kind ``"^"`` or ``"_"``; an unbalanced group is left as it is."""
+    out, i = [], 0
+    while True:
+        match = SCRIPT.search(text, i)
+        if match is None:
+            out.append(text[i:])
+            return "".join(out)
+        depth, j = 1, match.end()
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        if depth:  # unbalanced: leave the rest
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:match.start()])
+        out.append(wrap(match.group()[0], _groups(text[match.end():j - 1], wrap)))
+        i = j
+
+
+def html_maths(text: str) -> str:
+    """Prose: TeX-style scripts as ``<sup>`` / ``<sub>`` (``ξ^{k−1}`` → ξ<sup>k−1</sup>, ``ξ^K`` → ξ<sup>K</sup>),
+    ``<f, a>`` as ⟨f, a⟩ and any other ``<word>`` escaped, all outside code spans."""
+    def convert(part: str) -> str:
+        # angle brackets in prose are maths (⟨f, a⟩, an inner product) or a placeholder (<client>.json): as raw
+        # HTML either would vanish into an unknown tag
+        part = ANGLE.sub(lambda m: f"⟨{m[1]}⟩" if "," in m[1] else f"&lt;{m[1]}&gt;", part)
+        part = _groups(part, lambda kind, body: f"<{'sup' if kind == '^' else 'sub'}>{body}</{'sup' if kind == '^' else 'sub'}>")
+        return BARE_SUP.sub(lambda m: f"<sup>{m[1]}</sup>", part)
+    return "".join(part if CODE_SPAN.fullmatch(part) else convert(part) for part in CODE_SPAN.split(text))
+
+
+def plain_maths(text: str) -> str:
+    """Preformatted text: ``^{…}`` / ``_{…}`` as Unicode scripts where every character has one (``Σ^{1/2}`` has
+    none for ``/``: ``Σ^(1/2)``), else in parentheses — no braces left."""
+    def wrap(kind: str, body: str) -> str:
+        table = SUPERSCRIPTS if kind == "^" else SUBSCRIPTS
+        if body and all(c in table for c in body):
+            return "".join(table[c] for c in body)
+        return f"{kind}{body}" if len(body) == 1 else f"{kind}({body})"
+    return _groups(text, wrap)
+
+
 def _roles(line: str, obj: griffe.Object | None) -> str:
-    """Every role of ``line`` as an optional cross-reference (code text linked where the target is documented)."""
+    """Every role of ``line`` as an optional cross-reference (code text linked where the target is documented);
+    TeX-style scripts outside code as superscripts and subscripts (:func:`html_maths`)."""
+    line = html_maths(line)
+
     def replace(match: re.Match) -> str:
         target = match["target"].strip()
         titled = TITLED.match(target)

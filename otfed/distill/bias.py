@@ -18,7 +18,6 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 #: The papers' setting (appendix D.1).
 PAPER_N_TEXTS = 100_000
@@ -93,8 +92,12 @@ def _biases(predict_proba, texts, batch_size: int, n_labels: int | None, progres
     sums: torch.Tensor | None = None
     bad_rows: torch.Tensor | None = None
     n_batches = (len(texts) + batch_size - 1) // batch_size
-    for start in tqdm(range(0, len(texts), batch_size), total=n_batches, desc=description, unit="batch",
-                      disable=not progress):
+    starts = range(0, len(texts), batch_size)
+    if progress:  # tqdm is imported only when a bar is shown: the bias needs no progress bar to be computed
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, total=n_batches, desc=description, unit="batch")
+    for start in starts:
         batch = texts[start:start + batch_size]
         scores = _scores(predict_proba(batch))
         width, device = scores.shape[1], scores.device

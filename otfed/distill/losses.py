@@ -93,17 +93,68 @@ def kl_histogram_loss(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """
     if p.ndim != 2 or q.ndim not in (2, 3) or q.shape[0] != p.shape[0] or q.shape[-1] != p.shape[-1]:
         raise ValueError(f"need p B×C and q B×K×C or B×C, got {tuple(p.shape)} and {tuple(q.shape)}")
+    _real_probabilities(p=p, q=q)
     p_b = p[:, None, :] if q.ndim == 3 else p
     floor = torch.finfo(p.dtype).tiny
     return (torch.xlogy(q, q) - torch.xlogy(q, p_b.clamp_min(floor))).sum(-1)
 
 
+#: A label cost's diagonal entry |C_ll| above this fraction of max |C| is an error: eq. 1's ground cost is a
+#: distance between labels, so keeping a label costs 0 (a non-zero C_ll makes T(p, p) > 0: a student that
+#: matches its teacher exactly still pays).
+DIAGONAL_TOLERANCE = 1e-12
+
+
 def validate_weights(weights: torch.Tensor | Sequence[float]) -> None:
-    """Raise ValueError unless every teacher weight is finite and non-negative (reads the values: on a GPU,
+    """Raise ValueError unless every teacher weight is real, finite and non-negative (reads the values: on a GPU,
     a host sync)."""
     w = torch.as_tensor(weights).detach()
+    if w.is_complex():
+        raise ValueError(f"teacher weights must be real numbers, got dtype {w.dtype}")
     if not torch.isfinite(w).all() or (w < 0).any():
         raise ValueError("teacher weights must be finite and non-negative")
+
+
+def validate_label_cost(cost: torch.Tensor | LabelSpace) -> torch.Tensor:
+    """The C×C ground cost of KNOT eq. 1 as a tensor (a :class:`LabelSpace` gives its ``cost_matrix()``), after
+    checking that it is real, square, finite, non-negative and has a zero diagonal (|C_ll| ≤
+    :data:`DIAGONAL_TOLERANCE` · max |C|): the cost between labels is a distance, so T(p, p) = 0. Raises
+    ValueError naming what is wrong and what is allowed. Reads the values (on a GPU, one host sync): a training
+    loop checks its cost once and passes ``check_weights=False`` to the losses.
+
+    >>> validate_label_cost(torch.tensor([[0.0, 1.0], [1.0, 0.0]])).tolist()
+    [[0.0, 1.0], [1.0, 0.0]]
+    >>> validate_label_cost(torch.tensor([[1.0, 1.0], [1.0, 1.0]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: label cost: the diagonal must be 0 (keeping a label costs nothing), got C_ll up to 1 at label 0; pass a distance between labels, e.g. LabelSpace.cost_matrix()
+    """
+    if isinstance(cost, LabelSpace):
+        cost = cost.cost_matrix()
+    c = torch.as_tensor(cost).detach()
+    if c.is_complex():
+        raise ValueError(f"label cost: must be real, got dtype {c.dtype}")
+    if c.ndim != 2 or c.shape[0] != c.shape[1]:
+        raise ValueError(f"label cost: must be a square C×C matrix, got shape {tuple(c.shape)}")
+    if not torch.isfinite(c).all() or (c < 0).any():
+        raise ValueError("label cost: must be finite and non-negative")
+    diagonal = c.diagonal().abs()
+    scale = float(c.abs().amax()) if c.numel() else 0.0
+    worst = int(diagonal.argmax()) if diagonal.numel() else 0
+    if diagonal.numel() and float(diagonal[worst]) > DIAGONAL_TOLERANCE * scale:
+        raise ValueError(f"label cost: the diagonal must be 0 (keeping a label costs nothing), got C_ll up to "
+                         f"{float(diagonal[worst]):.3g} at label {worst}; pass a distance between labels, e.g. "
+                         f"LabelSpace.cost_matrix()")
+    return cost
+
+
+def _real_probabilities(**tensors: torch.Tensor) -> None:
+    """ValueError naming the first complex tensor: probabilities are real (torch would fail later, deep inside
+    the solver, with an error about a kernel)."""
+    for name, t in tensors.items():
+        if torch.is_tensor(t) and t.is_complex():
+            raise ValueError(f"{name}: probabilities must be real, got dtype {t.dtype}; pass the real histograms "
+                             f"(e.g. softmax outputs)")
 
 
 def _checked_weights(
@@ -126,6 +177,7 @@ def _teachers_of(student_probs: torch.Tensor, teacher_probs: torch.Tensor, reduc
     ``reduction``; ValueError naming what is wrong, and for an empty batch (B = 0, whose mean is undefined)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+    _real_probabilities(student_probs=student_probs, teacher_probs=teacher_probs)
     if teacher_probs.ndim == 2:
         teacher_probs = teacher_probs[:, None, :]
     if student_probs.ndim != 2 or teacher_probs.ndim != 3 or teacher_probs.shape[0] != student_probs.shape[0] \
@@ -168,8 +220,10 @@ def ensemble_loss(
         normalize: divide each sample's weights by their sum (default); False reproduces the authors' code,
             Σ_k W_k T_k unnormalised.
         reduction: "mean" (a scalar) or "none" (the B per-sample losses).
-        check_weights: raise ValueError on a negative or non-finite weight. Reading the values is a host sync
-            on a GPU: a training loop checks all its weights once (:func:`validate_weights`) and passes False.
+        check_weights: raise ValueError on a negative or non-finite weight and on a label cost that is not a
+            distance (a non-zero diagonal: :func:`validate_label_cost`). Reading the values is a host sync on a
+            GPU: a training loop checks its weights and cost once (:func:`validate_weights`,
+            :func:`validate_label_cost`) and passes False.
         sinkhorn_options: passed to :func:`otfed.ot.entropic_histograms.sinkhorn_histogram_loss`, e.g.
             ``value="regularized"`` (eq. 1's value, ⟨P_ε, C⟩ + ε KL(P_ε | μ⊗ν)); ``solver="fixed"`` for the
             fixed-shape solver, which never makes the host wait for a GPU inside the solve, instead of the
@@ -180,7 +234,9 @@ def ensemble_loss(
         A 0-d tensor (``reduction="mean"``) or the B per-sample losses (``"none"``), in the inputs' dtype.
 
     Raises ValueError naming the problem: an unknown ``kind`` or ``reduction``, mismatched shapes, an empty
-    batch, "sinkhorn" without ``cost`` and ``eps``, a bad weight (with ``check_weights``).
+    batch, complex probabilities, "sinkhorn" without ``cost`` and ``eps``, "kl" given ``cost``, ``eps`` or
+    Sinkhorn options (it would ignore them), and with ``check_weights`` a bad weight or a label cost with a
+    non-zero diagonal.
 
     Two teachers on SA's five ratings (ground cost |i − j|), weighted 1 : 3. With a small ε eq. 3 is the
     weighted sum of the exact Wasserstein distances (POT's ``ot.emd2``):
@@ -211,10 +267,15 @@ def ensemble_loss(
             raise ValueError("the sinkhorn loss needs the label cost (C×C tensor or LabelSpace) and eps")
         if isinstance(cost, LabelSpace):
             cost = cost.cost_matrix()
+        if check_weights:
+            validate_label_cost(cost)
         discrepancy = sinkhorn_histogram_loss(student_probs, teacher_probs, cost, eps, **sinkhorn_options)
     else:
-        if sinkhorn_options:
-            raise ValueError(f"options {sorted(sinkhorn_options)} apply to the sinkhorn loss only")
+        given = [name for name, value in (("cost", cost), ("eps", eps)) if value is not None]
+        if given or sinkhorn_options:
+            raise ValueError(f"kind='kl' uses no label cost and no ε, but {', '.join(given + sorted(sinkhorn_options))} "
+                             f"{'was' if len(given) + len(sinkhorn_options) == 1 else 'were'} given; they apply to "
+                             f"kind='sinkhorn' only (drop them, or pass kind='sinkhorn')")
         discrepancy = kl_histogram_loss(student_probs, teacher_probs)
     w = _checked_weights(weights, B, K, discrepancy, check_values=check_weights)
     if normalize:
@@ -286,6 +347,8 @@ def mixture_sinkhorn_loss(
         raise ValueError("the mixture sinkhorn loss needs the label cost (C×C tensor or LabelSpace) and eps")
     if isinstance(cost, LabelSpace):
         cost = cost.cost_matrix()
+    if check_weights:
+        validate_label_cost(cost)
     B, K, _ = teacher_probs.shape
     w = _checked_weights(weights, B, K, teacher_probs, check_values=check_weights)
     total = w.sum(-1)

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from otfed.device import threads_for, to_device
-from otfed.distill.losses import KINDS, ensemble_loss, mixture_sinkhorn_loss, validate_weights
+from otfed.distill.losses import KINDS, ensemble_loss, mixture_sinkhorn_loss, validate_label_cost, validate_weights
 from otfed.distill.weights import teacher_weights
 from otfed.distill.ensemble import TeacherEnsemble
 from otfed.models.training import EpochLoss, seeded_dropout
@@ -183,6 +183,8 @@ def distill_student(
     generator = torch.Generator().manual_seed(seed)  # batches: no global RNG (stages run tasks in threads)
     dropout_generator = torch.Generator(device=device).manual_seed(seed + 1)
     features = student.pretokenize(texts)  # tokenise once
+    if kind != "kl" and cost is not None:
+        validate_label_cost(cost)  # once, here, like the weights
     if torch.is_tensor(cost):
         cost = cost.to(device)
     options = {} if kind == "kl" else {"cost": cost, "eps": eps, "n_iter": sinkhorn_iterations,

@@ -3,7 +3,7 @@
 - :mod:`.messages` — MeasureMessage, DistanceMessage, MomentMessage (the only things that cross the boundary)
 - :mod:`.ledger` — Ledger (kind, sender, receiver, shape, bytes of every message) and Channel
 - :mod:`.fedwad` — FedWaD Algorithm 1 (Rakotomamonjy et al., ICLR 2024)
-- :mod:`.otdd` — federated OTDD: FedWaD on label-augmented samples
+- :mod:`.otdd` — federated OTDD: FedWaD on label-augmented samples, bracketed by Gelbrich's lower bound
 - :mod:`.coresets` — federated Wasserstein coresets (FedWaD §5) and the 1-NN model over labelled coresets
 """
 from otfed.federation.coresets import (CoresetClassifier, CoresetClient, CoresetConfig, CoresetInputError,
@@ -16,7 +16,8 @@ from otfed.federation.fedwad import (FedWaDConfig, FedWaDResult, WassersteinClie
                                      client_step, distance_to, fedwad, federated_wasserstein, server_step)
 from otfed.federation.ledger import Channel, Ledger, LedgerEntry
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, Message, MomentMessage
-from otfed.federation.otdd import (LabelledData, augmented_measure, federated_otdd, pairwise_federated_otdd)
+from otfed.federation.otdd import (LabelledData, PairwiseOTDD, augmented_measure, federated_otdd,
+                                   pairwise_federated_otdd)
 
 __all__ = [
     "CoresetClassifier", "CoresetClient", "CoresetConfig", "CoresetInputError", "CoresetResult", "CoresetServer",
@@ -24,7 +25,7 @@ __all__ = [
     "client_coresets", "coreset_classifier", "coreset_gradient", "coreset_session", "federated_coreset",
     "federated_wasserstein_coreset", "geodesic_fraction", "projection_distance", "wasserstein_coreset",
     "SERVER", "Channel", "DistanceMessage", "FedWaDConfig", "FedWaDResult", "LabelledData", "Ledger",
-    "LedgerEntry", "MeasureMessage", "Message", "MomentMessage", "WassersteinClient", "WassersteinServer", "augmented_measure",
+    "LedgerEntry", "MeasureMessage", "Message", "MomentMessage", "PairwiseOTDD", "WassersteinClient", "WassersteinServer", "augmented_measure",
     "client_step", "distance_to", "federated_otdd", "federated_wasserstein", "fedwad",
     "pairwise_federated_otdd", "server_step",
 ]

@@ -59,6 +59,7 @@ methods take messages only.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
@@ -75,7 +76,7 @@ from otfed.federation.parties import InProcess, Workers, check_roster
 from otfed.metrics import mean_confidence_interval
 from otfed.ot import Measure, interpolate_approx
 from otfed.schema import as_config
-from otfed.valuation.calibrated import datum_values as calibrated_datum_values
+from otfed.valuation.calibrated import PotentialConvergence, datum_values as calibrated_datum_values
 
 BarycenterStep = Literal["reweighted", "interpolants"]
 Potential = Literal["sinkhorn", "exact"]
@@ -271,7 +272,8 @@ class BaryClient:
     def datum_values(self, potential: Potential = "sinkhorn", **options) -> np.ndarray:
         """Calibrated gradients of this client's samples against its last η_{Q_i} (FedBary eq. 10).
 
-        Computed locally; never sent. See :func:`otfed.valuation.calibrated.calibrated_gradient`.
+        Computed locally; never sent. See :func:`otfed.valuation.calibrated.datum_values` (``options``, e.g.
+        ``with_convergence=True`` for the values and their convergence report).
         """
         if self._eta_q is None:
             raise RuntimeError(f"client {self.name!r} has received no η_Q yet")
@@ -380,8 +382,11 @@ class FedBaryResult:
     ``distances[i]``: the closing-round upper bound on W(P_i, Q); ``contributions``: percent (sums to 100);
     ``history[k]``: Σ_i (d_i^client + d_i^server) at iteration k + 1; ``client_history[k, i]`` its terms;
     ``target``: the final Q; ``datum_values``: per-client calibrated gradients when requested (computed
-    client-side; they never crossed the channel); ``spread``: the contributions' spread over reruns with other
-    seeds, when requested (:func:`valuation_spread`; None otherwise).
+    client-side; they never crossed the channel); ``datum_convergence``: per client, how converged the dual
+    potential behind its values is (:class:`~otfed.valuation.calibrated.PotentialConvergence`: Newton steps, the
+    potential's remaining change relative to the mean cost, the tolerance, a converged flag; a
+    :class:`UserWarning` names the clients whose potential missed it); ``spread``: the contributions' spread over
+    reruns with other seeds, when requested (:func:`valuation_spread`; None otherwise).
     """
 
     names: list[str]
@@ -393,11 +398,30 @@ class FedBaryResult:
     ledger: Ledger = field(default_factory=Ledger)
     datum_values: dict[str, np.ndarray] | None = None
     spread: ContributionSpread | None = None
+    datum_convergence: dict[str, PotentialConvergence] | None = None
 
     @property
     def total_distance(self) -> float:
         """Σ_i W(P_i, Q) estimate after the closing round."""
         return float(self.distances.sum())
+
+    def to_dataframe(self) -> Any:
+        """This result as a pandas table, one row per client: ``client``, ``contribution`` (percent), ``distance``;
+        with a spread also ``runs``, ``mean``, ``std``, ``ci_low``, ``ci_high``. Needs pandas (the ``valuation``
+        extra). The datum values' table and pyDVL's and OpenDataVal's forms: :mod:`otfed.federation.adapters`."""
+        try:
+            import pandas
+        except ImportError as exc:  # the core install has no pandas
+            raise ImportError("FedBaryResult.to_dataframe needs pandas: pip install 'otfed[valuation]'") from exc
+        columns: dict[str, Any] = {"client": list(self.names), "contribution": np.asarray(self.contributions),
+                                   "distance": np.asarray(self.distances)}
+        if self.spread is not None:
+            if list(self.spread.names) != list(self.names):
+                raise ValueError(f"the spread's clients {self.spread.names} are not the result's {list(self.names)}")
+            columns.update(runs=len(self.spread.seeds), mean=self.spread.mean, std=self.spread.std,
+                           ci_low=self.spread.mean - self.spread.half_width,
+                           ci_high=self.spread.mean + self.spread.half_width)
+        return pandas.DataFrame(columns)
 
 
 def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel | None = None,
@@ -439,13 +463,19 @@ def fedbary(clients: Sequence[BaryClient], server: BaryServer, channel: Channel 
     if not server.has_validation:
         server.update_barycenter(gammas, d_finals, workers)
     distances = server.final_distances(gammas, d_finals, workers)
-    values = None
+    values = convergence = None
     if datum_values:
-        values = dict(zip(names, hosted.call("datum_values", potential=potential)))
+        solved = hosted.call("datum_values", potential=potential, with_convergence=True)
+        values = {n: v for n, (v, _) in zip(names, solved)}
+        convergence = {n: c for n, (_, c) in zip(names, solved)}
+        missed = [n for n, c in convergence.items() if not c.converged]
+        if missed:
+            warnings.warn(f"FedBary datum values: the dual potential of client(s) {', '.join(missed)} did not reach "
+                          f"its tolerance (result.datum_convergence says by how much)", UserWarning, stacklevel=2)
     assert server.target is not None
     return FedBaryResult(names=names, distances=distances, contributions=contribution_percent(distances),
                          target=server.target, history=history, client_history=np.array(per_client),
-                         ledger=channel.ledger, datum_values=values)
+                         ledger=channel.ledger, datum_values=values, datum_convergence=convergence)
 
 
 def federated_valuation(datasets: Sequence[LabelledData], config: FedBaryConfig | Mapping[str, Any],

@@ -13,7 +13,8 @@ How far to trust it. The estimate is an UPPER bound of W_p(μ, ν), whatever ξ^
 W_p(μ, ν) ≤ W_p(μ, ξ) + W_p(ξ, ν) (eq. 6), with the final distances computed exactly (the network simplex;
 the semi-dual solver's cost of a near-feasible plan is above W_p up to its marginal tolerance). It reaches
 W_p only when ξ^K lies on a geodesic between μ and ν, which a support of S ≪ n atoms cannot: with S = 10 it
-was 18–83 % above W₂ in the measurements quoted at :class:`FedWaDConfig` (with S = n, within 1 %). For
+was 18–83 % above W₂ in the measurements quoted at :class:`FedWaDConfig` (with S = n, within 1 %; for clients of
+different sizes S must be a multiple of both, :func:`support_rule_met`). For
 p = 2 the clients may also send their means and covariances (:class:`~otfed.federation.messages.MomentMessage`),
 from which the server computes Gelbrich's LOWER bound W₂(μ, ν) ≥ √(‖m_μ − m_ν‖² + B²(Σ_μ, Σ_ν)) (Gelbrich
 1990, Theorem 2.1; :func:`~otfed.ot.gelbrich_bound`), valid for any measures with those moments.
@@ -27,11 +28,12 @@ goes through :func:`subproblem_transport` (solver choice, and the fallback of ``
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -48,6 +50,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 Interpolation = Literal["approx", "exact"]
 Solver = Literal["auto", "network_simplex", "semidual_newton"]
+
+
+#: The largest S :class:`FedWaDConfig` accepts (``support_size``'s bound).
+MAX_SUPPORT_SIZE = 20000
 
 
 class FedWaDConfig(Strict):
@@ -76,12 +82,23 @@ class FedWaDConfig(Strict):
     OTDD (d×d moments of augmented vectors), DP FedWaD (its guarantee does not cover un-noised moments) and
     FedBary do not; FedBaryConfig inherits this field without using it.
 
-    Choosing S (``support_size``). A support too small to lie on a geodesic biases the estimate UP, and more
-    iterations do not remove that bias. Rule: S = n (the smaller client's sample size) wherever K·3 network
-    simplex solves of n × n are affordable; otherwise the largest affordable S — and read the bracket: in
-    d ≥ 5 even S = 100 stayed 28–62 % above W₂ (table). Measured (two Gaussian clouds of n points each,
-    N(0, I) vs N(m, 1.5² I) with ‖m‖ = 2, data seed 100 + d + n, FedWaD seed 0, K = 20, approximate
-    interpolation, solver "auto"; estimate / POT's exact W₂ − 1, and exact W₂ / Gelbrich's bound):
+    Choosing S (``support_size``). The rule (:func:`support_rule_met`): S a multiple of BOTH clients' sample
+    sizes n and m — S = n for equal sizes, S = max(n, m) where the smaller divides the larger, S = lcm(n, m)
+    otherwise (:func:`support_rule_size`) — and NOT the smaller client's size. At such an S, μ and ν are uniform
+    measures on S atoms each (every sample repeated S/n resp. S/m times) and theorem 1 makes eq. 10 exact. With
+    S < max(n, m), ξ has too few atoms to lie on a geodesic; with S ≥ max(n, m) but not a multiple of both, eq. 10
+    averages atoms of ξ that the plans split between samples. Either way the estimate is biased UP, and more
+    iterations do not remove that bias. Where K·3 network simplex solves at that S are unaffordable (or lcm(n, m)
+    exceeds :data:`MAX_SUPPORT_SIZE`), use the largest affordable S — and read the bracket: in d ≥ 5 even S = 100
+    stayed 28–62 % above W₂ (first table). Where approximate interpolation misses the rule,
+    :func:`federated_wasserstein` raises a ``RuntimeWarning`` before the run that names both sizes and the S to use
+    (:func:`support_rule_warning`; its text also in :attr:`FedWaDResult.notes`, before the bracket's). The entry
+    point can, as it holds both clients' data; the protocol (:func:`fedwad`) does not tell the server the clients'
+    sample counts. Exact interpolation (eq. 5) is not held to the rule.
+
+    Equal sizes (two Gaussian clouds of n points each, N(0, I) vs N(m, 1.5² I) with ‖m‖ = 2, data seed
+    100 + d + n, FedWaD seed 0, K = 20, approximate interpolation, solver "auto"; estimate / POT's exact W₂ − 1,
+    and exact W₂ / Gelbrich's bound; ``python -m studies.fedwad_support_rule 2,5,50 500,2000 10,100,n``):
 
     ====  ======  ========  =========  ========  ===============
     d     n       S = 10    S = 100    S = n     W₂ / Gelbrich
@@ -94,17 +111,62 @@ class FedWaDConfig(Strict):
     50    2000    +73 %     +62 %      +1.0 %    2.39
     ====  ======  ========  =========  ========  ===============
 
+    Unequal sizes (the same clouds: n points of N(0, I) against m of N(m, 1.5² I); data seeds 100 + d + n and
+    10⁶ + 100 + d + n with FedWaD seeds 0 and 1, K = 20, the range over both; the rule met (✓) at S = max(n, m)
+    where the smaller size divides the larger; ``python -m studies.fedwad_support_rule 2,5,50
+    600:200,600:240,600:400,600:60,200:600 min,300,max 0,1``):
+
+    ====  =========  ===============  ============  ===============
+    d     n : m      S = min(n, m)    S = 300       S = max(n, m)
+    ====  =========  ===============  ============  ===============
+    5     600 : 200  +1.7–3.9 %       +7.8–9.8 %    +0.27–0.66 % ✓
+    5     200 : 600  +11–17 %         +7.3–12 %     +0.26–0.77 % ✓
+    5     600 : 60   +2.9–7.7 %       +1.5–6.9 %    +0.14–0.44 % ✓
+    5     600 : 240  +4.7–6.2 %       +8.3–10 %     +1.2–4.7 %
+    5     600 : 400  +1.6–3 %         +11 %         +1.7–5.8 %
+    50    600 : 200  +16–22 %         +18–23 %      +0.26–0.47 % ✓
+    50    200 : 600  +5.5–9.9 %       +18–22 %      +0.37–0.49 % ✓
+    50    600 : 60   +5.2–17 %        +6.9–16 %     +0.21–0.33 % ✓
+    50    600 : 240  +3.7–19 %        +18–22 %      +3.3–7.9 %
+    50    600 : 400  +14–15 %         +27 %         +5.1–12 %
+    ====  =========  ===============  ============  ===============
+
+    In 2-D every one of these runs was within 1 % (S = min(n, m): ≤ 0.92 %; S = max(n, m): ≤ 0.12 %). More atoms
+    alone do not help: S = 300 was, on average over the two seeds, above S = min(n, m) in 8 of the 10 rows. Where
+    no size divides the other, S = max(n, m) still misses the rule, and lcm(n, m) is what helps (300 points
+    against 200 and 120; the same clouds and seeds, K = 20 and 60; ``python -m studies.fedwad_support_rule 5,50
+    300:200,300:120 min,max,lcm 0,1 20,60``):
+
+    ====  =========  ====  ===============  ===============  ===============
+    d     n : m      K     S = min(n, m)    S = max(n, m)    S = lcm = 600
+    ====  =========  ====  ===============  ===============  ===============
+    5     300 : 200  20    +1.3–3.1 %       +1.2–5.1 %       +0.25–0.6 % ✓
+    5     300 : 200  60    +1.8–6.8 %       +0.75–2.1 %      +0.13–0.25 % ✓
+    5     300 : 120  20    +4.5–5.4 %       +1–3.9 %         +0.18–0.54 % ✓
+    5     300 : 120  60    +4.6–13 %        +0.57–1.7 %      +0.12–0.18 % ✓
+    50    300 : 200  20    +13–17 %         +3.6–9.4 %       +0.38–0.4 % ✓
+    50    300 : 200  60    +8.7–20 %        +0.88–8.2 %      +0.14–0.4 % ✓
+    50    300 : 120  20    +7.1–18 %        +2.5–6.6 %       +0.25–0.4 % ✓
+    50    300 : 120  60    +4–26 %          +0.7–5.5 %       +0.12–0.3 % ✓
+    ====  =========  ====  ===============  ===============  ===============
+
+    Where the rule is met (✓, both tables) the estimate was within 0.8 % of W₂ in every run; where it is missed,
+    60 rounds instead of 20 did not close the gap (up to +8.2 % at S = max(n, m), +26 % at S = min(n, m)).
+
     The bracket warning (``lower_bound``): a ``RuntimeWarning``, its text also in
     :attr:`FedWaDResult.notes`, when upper > :data:`BRACKET_RATIO` (1.25) × lower + :data:`BRACKET_ABS_TOL`
     (0.05) × the clouds' spread. No warning is a guarantee — W₂ ≥ lower, so the estimate is then at most 25 %
-    (+ 0.05 × spread) above W₂. A warning is not a proof of error: in the grid above it fired for every
+    (+ 0.05 × spread) above W₂. A warning is not a proof of error: in the equal-size grid it fired for every
     S = 10 and S = 100 run in d ≥ 5, for none at S = n in d ≤ 5, and at S = n in d = 50, where W₂ between
     2,000 samples is itself 2.4× the moment bound (the empirical measures are far from Gaussian at that
     sample size); there only a larger S, or a second run, tells. With S = 10 in d = 2 (+18–21 %) it stayed
-    silent, within its 25 % guarantee.
+    silent, within its 25 % guarantee. In the two unequal-size grids it fired in 3 of the 40 5-D runs that missed
+    the support rule (up to +17 % there) and in all 54 50-D runs: the support warning is what tells in 5-D.
     """
 
-    support_size: int = Field(10, ge=1, le=20000, description="S, support of the interpolating measure ξ.")
+    support_size: int = Field(10, ge=1, le=MAX_SUPPORT_SIZE,
+                              description="S, support of the interpolating measure ξ; most accurate at a multiple of "
+                                          "both clients' sample sizes, lcm(n, m) (support_rule_met).")
     iterations: int = Field(20, ge=1, le=10000, description="K.")
     t: InterpolationTime = Field("random", description="'random' (default) or a fixed t in (0,1).")
     p: Literal[1, 2] = 2
@@ -329,6 +391,74 @@ def history_status(history: list[float]) -> Status:
     return "converged" if abs(history[-1 - HISTORY_WINDOW] - last) <= HISTORY_RTOL * abs(last) else "not converged"
 
 
+def support_rule_met(support_size: int, n: int, m: int) -> bool:
+    """The support rule of approximate interpolation (eq. 10): S is a common multiple of both clients' sample
+    sizes n and m — S = n for equal sizes, S = max(n, m) where the smaller size divides the larger, S = lcm(n, m)
+    otherwise (:func:`support_rule_size`). Not the smaller client's size.
+
+    Why: ξ has S atoms of weight 1/S, and eq. 10 moves each to the barycentric projection of its row of the plan.
+    Where S is a multiple of n and of m, μ and ν are themselves uniform measures on S atoms (each sample repeated
+    S/n resp. S/m times), and theorem 1 (equal sizes, uniform weights: eq. 10 is the exact interpolant, eq. 5)
+    applies to them: ξ can reach a geodesic, and the estimate W_p. Below max(n, m), ξ has fewer atoms than the
+    geodesic and the estimate (an upper bound, eq. 6) stays above W_p at any K; at S ≥ max(n, m) that is not a
+    multiple of both, some atoms of ξ must split between samples and eq. 10 averages them — again above W_p.
+    Measured in :class:`FedWaDConfig` (``studies/fedwad_support_rule.py``). Exact interpolation (eq. 5) is not
+    held to it: its support grows to the plan's."""
+    return support_size % n == 0 and support_size % m == 0
+
+
+def support_rule_size(n: int, m: int) -> int:
+    """The least S that meets :func:`support_rule_met`: lcm(n, m) (= max(n, m) where the smaller divides it)."""
+    return math.lcm(n, m)
+
+
+def support_rule_note(support_size: int, clients: Sequence[tuple[str, int]]) -> str:
+    """The support-rule warning (:func:`support_rule_met` not met) for two ``clients`` (name, sample count): the
+    sizes, why S falls short, what the measurements say it costs, and the S to use."""
+    (_, n), (_, m) = clients
+    larger, target = max(n, m), support_rule_size(n, m)
+    sizes = ", ".join(f"{name!r}: {size}" for name, size in clients)
+    if support_size < larger:
+        why = (f"support_size S = {support_size} is below the larger client's sample size {larger} ({sizes} "
+               f"samples): ξ has too few atoms to lie on a geodesic between the two measures, and the estimate, an "
+               f"upper bound of W2, stays above it at any number of iterations ({SUPPORT_COST_BELOW}).")
+    else:
+        why = (f"support_size S = {support_size} is not a multiple of both clients' sample sizes ({sizes} "
+               f"samples): eq. 10 splits atoms of ξ between samples and averages them, and the estimate, an upper "
+               f"bound of W2, stays above it ({SUPPORT_COST_SPLIT}).")
+    if target <= MAX_SUPPORT_SIZE:
+        fix = (f"Set support_size={target} (lcm(n, m): a multiple of both sizes; {SUPPORT_GAIN}), or, if that is "
+               f"unaffordable, keep S and read the bracket (lower_bound=True).")
+    else:
+        fix = (f"No allowed S (≤ {MAX_SUPPORT_SIZE}) is a multiple of both sizes (lcm = {target}): use at least "
+               f"S = {larger} (max(n, m)) and read the bracket (lower_bound=True).")
+    return f"FedWaD support rule not met: {why} {fix}"
+
+
+#: What the measurements say (FedWaDConfig's tables; studies/fedwad_support_rule.py).
+SUPPORT_COST_BELOW = ("measured with 600 vs 60–400 points, K = 20: up to +0.9 % in 2-D, +17 % in 5-D and +27 % in "
+                      "50-D")
+SUPPORT_COST_SPLIT = ("measured at S = max(n, m) with 600 vs 240 or 400 points, K = 20: up to +0.12 % in 2-D, +5.8 % "
+                      "in 5-D and +12 % in 50-D; with 300 vs 200 or 120 still up to +8.2 % in 50-D after 60 rounds")
+SUPPORT_GAIN = "measured within 0.8 % of W2 in 5-D and 50-D, K = 20 and 60"
+
+
+def support_rule_warning(config: FedWaDConfig, clients: Sequence[tuple[str, int]]) -> str | None:
+    """Check the support rule (:func:`support_rule_met`) for a session between two ``clients`` (name, sample
+    count) before it runs: where approximate interpolation (eq. 10) misses it, raise a ``RuntimeWarning``
+    (:func:`support_rule_note`, pointing at the caller's line outside otfed/federation) and return its text, for
+    the result's ``notes``; else None. Exact interpolation (eq. 5) is not held to it.
+
+    Called by the entry points that hold both clients' data (:func:`federated_wasserstein`), never by the protocol
+    (:func:`fedwad`): the server does not learn the clients' sample counts."""
+    (_, n), (_, m) = clients
+    if config.interpolation != "approx" or support_rule_met(config.support_size, n, m):
+        return None
+    note = support_rule_note(config.support_size, clients)
+    warnings.warn(note, RuntimeWarning, stacklevel=_stacklevel_outside_federation())
+    return note
+
+
 def bracket_is_wide(lower: float, upper: float, spread: float) -> bool:
     """upper > BRACKET_RATIO · lower + BRACKET_ABS_TOL · spread: the estimate may be far above W₂."""
     return upper > BRACKET_RATIO * lower + BRACKET_ABS_TOL * spread
@@ -455,9 +585,9 @@ def wide_bracket_note(lower: float, upper: float, config: FedWaDConfig) -> str:
     return (f"FedWaD: the estimate {upper:.4g} is an upper bound of W2 and is {ratio} the Gelbrich lower bound "
             f"{lower:.4g} (warning above {BRACKET_RATIO}×): W2 lies somewhere in [{lower:.4g}, {upper:.4g}]. "
             f"Either the estimate is loose — support_size S = {config.support_size} is too small for ξ to reach "
-            f"a geodesic; raise S, up to the clients' sample size n (S = n is the most accurate) — or W2 itself "
-            f"is far above the bound (the measures are far from Gaussian, or few samples for the dimension). "
-            f"If a larger S does not lower the estimate, the gap is the bound's.")
+            f"a geodesic; raise S, up to the larger client's sample size max(n, m) (the most accurate S) — or W2 "
+            f"itself is far above the bound (the measures are far from Gaussian, or few samples for the "
+            f"dimension). If a larger S does not lower the estimate, the gap is the bound's.")
 
 
 def _echo(message: MeasureMessage, receiver: str) -> MeasureMessage:
@@ -467,7 +597,9 @@ def _echo(message: MeasureMessage, receiver: str) -> MeasureMessage:
 
 def client_samples(x: np.ndarray, name: str) -> np.ndarray:
     """A client's samples as a float64 (n, d) array; :class:`~otfed.errors.DegenerateClientError` naming the
-    client if it has no samples or NaN / inf, ValueError if it is not 2-D."""
+    client if it has no samples or NaN / inf, ValueError if it is not 2-D or complex."""
+    if np.iscomplexobj(x):  # a float64 cast would drop the imaginary part in silence
+        raise ValueError(f"client {name!r}: samples must be real, got a complex array")
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"client {name!r}: samples must be a 2-D (n, d) array, got shape {x.shape}")
@@ -490,8 +622,9 @@ def federated_wasserstein(x_mu: np.ndarray, x_nu: np.ndarray, config: FedWaDConf
         x_mu, x_nu: the two clients' samples, n_μ × d and n_ν × d (each stays on its client).
         config: a :class:`FedWaDConfig` or a mapping of its fields (:func:`~otfed.schema.as_config`: an unknown
             key or a bad value is a :class:`~otfed.errors.ConfigError` naming it, another type a TypeError).
-            ``support_size`` S is the approximate interpolating measure's support (eq. 10): S = n is the most
-            accurate (theorem 1), a small S in high dimension is loose — the bracket says how loose.
+            ``support_size`` S is the approximate interpolating measure's support (eq. 10): a multiple of both
+            clients' sample sizes is the most accurate (S = n for equal sizes, theorem 1; lcm(n, m) otherwise,
+            :func:`support_rule_met`), a small S in high dimension is loose — the bracket says how loose.
         seed: every party's generator is spawned from it (same seed → same numbers).
         names: the two clients' names in messages and errors.
         channel: the ledger every message goes through (a fresh one by default).
@@ -501,8 +634,9 @@ def federated_wasserstein(x_mu: np.ndarray, x_nu: np.ndarray, config: FedWaDConf
         ``bracket``, ``kind``, ``status``, ``notes``, the per-iteration ``history`` and the ``ledger``.
 
     Raises DegenerateClientError naming the client for an empty or non-finite sample array, ValueError naming
-    both clients and both feature sizes when their dimensions differ. Warns (``RuntimeWarning``) when the
-    bracket is wide (:func:`fedwad`).
+    both clients and both feature sizes when their dimensions differ. Warns (``RuntimeWarning``, each text also in
+    ``notes``) before the run when S misses the support rule (:func:`support_rule_warning`: both sizes and the S to
+    use), and after it when the bracket is wide (:func:`fedwad`).
 
     >>> rng = np.random.default_rng(0)
     >>> x, y = rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + 2.0
@@ -516,9 +650,13 @@ def federated_wasserstein(x_mu: np.ndarray, x_nu: np.ndarray, config: FedWaDConf
     if x_mu.shape[1] != x_nu.shape[1]:
         raise ValueError(f"clients {names[0]!r} and {names[1]!r} have different feature dimensions "
                          f"({x_mu.shape[1]} vs {x_nu.shape[1]})")
+    support_note = support_rule_warning(config, [(names[0], x_mu.shape[0]), (names[1], x_nu.shape[0])])
     seeds = np.random.SeedSequence(seed).spawn(3)
     mu = WassersteinClient(names[0], Measure.uniform(x_mu), config, np.random.default_rng(seeds[0]))
     nu = WassersteinClient(names[1], Measure.uniform(x_nu), config, np.random.default_rng(seeds[1]))
     server = WassersteinServer(config, np.random.default_rng(seeds[2]))
-    return fedwad(mu, nu, server, channel=channel or Channel(session=f"{names[0]}|{names[1]}"),
-                  lower_bound=config.lower_bound)
+    result = fedwad(mu, nu, server, channel=channel or Channel(session=f"{names[0]}|{names[1]}"),
+                    lower_bound=config.lower_bound)
+    if support_note is not None:
+        result.notes.insert(0, support_note)
+    return result

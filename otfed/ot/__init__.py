@@ -21,8 +21,9 @@ Public names (implementation modules in parentheses):
 
 The torch-based names (``HistogramTransport``, ``entropic_histogram_transport``, ``sinkhorn_histogram_loss``) are
 imported on first use (PEP 562): FedWaD, OTDD and FedBary run without torch (the core install). Code that needs
-them imports :mod:`otfed.ot.entropic_histograms` itself. FedBary's entropic potentials come from POT's
-``ot.bregman.sinkhorn_log`` directly (:func:`otfed.valuation.calibrated.dual_potential`).
+them imports :mod:`otfed.ot.entropic_histograms` itself. FedBary's entropic potentials come from
+:func:`otfed.ot.semidual.entropic_potentials` (Newton on the semi-dual, stopping on the potentials' remaining change;
+:func:`otfed.valuation.calibrated.dual_potential`).
 """
 import importlib
 

@@ -10,14 +10,13 @@ where both histograms live on the same C label points and C is the ground cost b
 (:meth:`otfed.label_space.LabelSpace.cost_matrix`). A transfer batch of B samples and K teachers
 is B·K independent C×C problems; they are solved together in one tensor program.
 
-It is otfed's torch entropic solver, beside two NumPy ones for one problem between point clouds: POT's
-log-domain Sinkhorn ``ot.bregman.sinkhorn_log`` (used directly for the potentials of FedBary's calibrated
-gradients, :func:`otfed.valuation.calibrated.dual_potential`) and :func:`otfed.ot.semidual.semidual_plan`
-(semi-dual Newton for a small support against a large one; FedWaD). All three solve
-min ⟨P, C⟩ + ε KL(P | μ⊗ν) through dual potentials, but their ε (absolute here and in POT's
-``sinkhorn_log``, relative to the mean cost in ``semidual_plan``), ε-scaling schedules, stopping rules
-and array layouts differ; this one and ``semidual_plan`` are pinned to POT by their own tests, so they
-share no code.
+It is otfed's torch entropic solver, beside the NumPy semi-dual Newton solver for one problem between point
+clouds: :func:`otfed.ot.semidual.semidual_plan` (a small support against a large one; FedWaD) and
+:func:`otfed.ot.semidual.entropic_potentials` (the potentials of FedBary's calibrated gradients at a given ε,
+:func:`otfed.valuation.calibrated.dual_potential`). They solve
+min ⟨P, C⟩ + ε KL(P | μ⊗ν) through dual potentials, but their ε (absolute here and in ``entropic_potentials``,
+relative to the mean cost in ``semidual_plan``), ε-scaling schedules, stopping rules and array layouts differ;
+each is pinned to POT by its own tests, so they share no code.
 
 **Which number is returned.** :func:`sinkhorn_histogram_loss` returns, by default, the *transport cost
 of the entropic plan* ⟨P_ε, C⟩ (``value="transport"``). It is what POT's ``ot.sinkhorn2`` returns, it

@@ -18,6 +18,15 @@ root rather than √ε-size noise in its null space. The square root is not Lips
 to within δ has a bound known to within about √δ, which no method avoids. Cost: two d×d
 eigendecompositions and one d×d SVD, O(d³) time and O(d²) memory — milliseconds for d ≤ a few hundred,
 about a second at d ≈ 2,000; the moments themselves cost O(n d²).
+
+Why not POT's ``ot.gaussian.bures_wasserstein_distance``. On well-conditioned covariances the two agree (over 200
+random full-rank pairs, d = 1…19, to a relative 4.7e-13). POT evaluates the trace formula itself,
+tr Σ₁ + tr Σ₂ − 2 tr (Σ₁^{1/2} Σ₂ Σ₁^{1/2})^{1/2}, and loses what the cancellation loses: for two identical
+covariances (exact value 0) it returns 2.4e-8 at d = 2, 1.1e-6 at d = 10 and 9.1e-5 at d = 50 where this
+module returns ≤ 7.7e-14 — a lower bound above the true W₂ = 0, which would put a FedWaD bracket's lower end
+above the exact distance — and NaN for two identical rank-2 covariances in d = 30; for Σ₂ = Σ₁ + 10⁻⁸ I
+(d = 5, closed form √(Σ_i (√λ_i − √(λ_i + 10⁻⁸))²)) POT's relative error is 6.9, this module's 9.2e-8.
+tests/ot/test_gelbrich_pot.py keeps both comparisons.
 """
 from __future__ import annotations
 
@@ -27,6 +36,14 @@ from otfed.ot.measures import Measure
 
 #: A covariance eigenvalue below −PSD_TOL · max(|λ|) is an error (not rounding).
 PSD_TOL = 1e-8
+
+
+def _real(value, name: str) -> np.ndarray:
+    """``value`` as a float64 array; ValueError naming ``name`` if it is complex (a cast would drop the imaginary
+    part in silence)."""
+    if np.iscomplexobj(value):
+        raise ValueError(f"{name} must be real, got a complex array; pass real moments")
+    return np.asarray(value, dtype=np.float64)
 
 
 def measure_moments(measure: Measure) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +65,7 @@ def psd_sqrt(cov: np.ndarray, name: str = "covariance") -> np.ndarray:
     """The symmetric PSD square root V diag(√λ) Vᵀ of a symmetric PSD matrix (``eigh``; eigenvalues with
     |λ| ≤ d·ε·max|λ| are rounding and set to 0, as are negative ones down to −PSD_TOL·max|λ|). ValueError
     naming ``name`` if it is not square, symmetric (within 1e-8 relative) or PSD, or holds NaN / inf."""
-    a = np.asarray(cov, dtype=np.float64)
+    a = _real(cov, name)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
         raise ValueError(f"{name} must be a square d×d matrix, got shape {a.shape}")
     if not np.isfinite(a).all():
@@ -84,8 +101,8 @@ def gelbrich_bound(mean1: np.ndarray, cov1: np.ndarray, mean2: np.ndarray, cov2:
     """Gelbrich's lower bound √(‖m₁ − m₂‖² + B²(Σ₁, Σ₂)) ≤ W₂(μ, ν) for any measures μ, ν with these means
     and covariances (Gelbrich 1990, Theorem 2.1); equal to W₂ when μ and ν are Gaussian.
 
-    Raises ValueError naming the argument on mismatched or malformed shapes, NaN / inf, or a covariance
-    that is not symmetric PSD.
+    Raises ValueError naming the argument on mismatched or malformed shapes, complex values, NaN / inf, or a
+    covariance that is not symmetric PSD.
 
     Parameters:
         mean1, cov1: μ's mean (d,) and covariance (d × d, symmetric PSD).
@@ -107,8 +124,7 @@ def gelbrich_bound(mean1: np.ndarray, cov1: np.ndarray, mean2: np.ndarray, cov2:
     >>> bool(gelbrich_bound(*measure_moments(mu), *measure_moments(nu)) <= w2)
     True
     """
-    m1 = np.asarray(mean1, dtype=np.float64)
-    m2 = np.asarray(mean2, dtype=np.float64)
+    m1, m2 = _real(mean1, "mean1"), _real(mean2, "mean2")
     if m1.ndim != 1 or m2.ndim != 1:
         raise ValueError(f"means must be 1-D vectors, got shapes {m1.shape} and {m2.shape}")
     if m1.shape != m2.shape:

@@ -41,6 +41,9 @@ class Measure:
     weights: np.ndarray
 
     def __post_init__(self) -> None:
+        for name, value in (("support", self.support), ("weights", self.weights)):
+            if np.iscomplexobj(value):  # a float64 cast would drop the imaginary part in silence
+                raise ValueError(f"Measure {name} must be real, got a complex array")
         support = np.asarray(self.support, dtype=np.float64)
         weights = np.asarray(self.weights, dtype=np.float64)
         if support.ndim != 2:
@@ -78,6 +81,8 @@ class Measure:
         >>> Measure.uniform(np.arange(6.0).reshape(3, 2)).weights.tolist() == [1 / 3] * 3
         True
         """
+        if np.iscomplexobj(X):  # a float64 cast would drop the imaginary part in silence
+            raise ValueError("Measure support must be real, got a complex array")
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
             raise ValueError(f"Measure support must be a 2-D (n, d) array, got shape {X.shape}")

@@ -60,8 +60,9 @@ def class_statistics(x: np.ndarray, y: np.ndarray, diagonal: bool = True, client
     diagonal of the full square root — a different quantity; otdd/MOTdata use √diag(Σ) as here.)
     ``diagonal=False`` stores the symmetric PSD square root V diag(√max(λ, 0)) Vᵀ from ``np.linalg.eigh``.
 
-    Raises :class:`DegenerateClientError` naming ``client`` if x is empty or contains NaN/inf, or if a
-    class has fewer than 2 samples (its covariance is undefined).
+    Raises :class:`DegenerateClientError` naming ``client`` if x is empty or contains NaN/inf, if a label is NaN
+    or inf, or if a class has fewer than 2 samples (its covariance is undefined); ValueError naming ``client`` on
+    complex features or labels.
 
     Parameters:
         x: the features, an (n, d) array.
@@ -89,10 +90,16 @@ def class_statistics(x: np.ndarray, y: np.ndarray, diagonal: bool = True, client
     >>> bool(np.allclose(root @ root, np.cov(x[y == 1].T)))
     True
     """
+    if np.iscomplexobj(x) or np.iscomplexobj(y):  # a float64 cast would drop the imaginary part in silence
+        raise ValueError(f"client {client!r}: features and labels must be real, got a complex array")
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y)
     if x.ndim != 2:
         raise ValueError(f"client {client!r}: features must be a 2-D (n, d) array, got shape {x.shape}")
+    if y.dtype.kind == "f" and not np.all(np.isfinite(y)):  # NaN ≠ NaN: each would be a class of its own
+        n_bad = int((~np.isfinite(y)).sum())
+        raise DegenerateClientError(f"client {client!r} has NaN or inf labels in {n_bad} sample(s); labels must be "
+                                    f"class identifiers (integers or strings)")
     if y.ndim != 1 or y.shape[0] != x.shape[0]:
         raise ValueError(f"client {client!r}: {x.shape[0]} samples but labels have shape {y.shape}")
     if x.shape[0] == 0:
@@ -316,6 +323,8 @@ def augmented_measure(data: LabelledData, diagonal: bool = True) -> Measure:
     Raises DegenerateClientError naming the client if it has no samples, NaN/inf features, or a class
     with fewer than two samples (its covariance is undefined).
     """
+    if np.iscomplexobj(data.x) or np.iscomplexobj(data.y):  # a float64 cast would drop the imaginary part
+        raise ValueError(f"client {data.name!r}: features and labels must be real, got a complex array")
     x = np.asarray(data.x, dtype=np.float64)
     y = np.asarray(data.y)
     if x.ndim != 2 or x.shape[0] == 0:

@@ -56,6 +56,14 @@ minus the distance to the nearest reconstructed point; negatives: held-out recor
 distribution). :func:`attack_protocol` runs a protocol on given client data (with DP FedWaD clients if asked),
 attacks it and scores it; :func:`attack_experiment` does so on synthetic data.
 
+**Against DP clients** (:mod:`otfed.privacy.dp`): :func:`round_targets` / :func:`round_average` average each atom's
+inverted target over the K rounds (eq. 10 keeps the atoms' order; the noise is fresh each round, so its variance
+falls as 1/K where the plan keeps the atom's cell); :func:`round_likelihood_scores` scores membership by a
+likelihood ratio over the rounds; :func:`canary_audit` inserts records at the clip radius, where the guarantee is
+tightest; :func:`membership_splits` scores membership over many member / non-member splits, each a new session,
+with an interval (:func:`membership_auc_interval`) — one split's AUC swings with the draw. :func:`dp_attack` runs one
+DP session and all of them.
+
 Every attack function takes a :class:`ServerView` — messages only, never a client object or array.
 
 >>> import numpy as np
@@ -84,6 +92,8 @@ from scipy.optimize import brentq
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
+from scipy.special import logsumexp
+from scipy.stats import t as student_t
 from sklearn.metrics import adjusted_rand_score, roc_auc_score
 
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation
@@ -93,7 +103,7 @@ from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, M
 from otfed.federation.otdd import federated_otdd
 from otfed.ot import Measure, interpolate_approx, optimal_transport
 from otfed.ot.otdd import LabelledData, augmented_measure, class_statistics
-from otfed.privacy.dp import DPConfig, dp_federated_wasserstein
+from otfed.privacy.dp import DPConfig, dp_federated_wasserstein, interpolant_sensitivity
 from otfed.privacy.dp_fedbary import dp_federated_valuation
 from otfed.schema import InterpolationTime, Strict
 
@@ -1134,3 +1144,272 @@ def attack_experiment(config: AttackConfig) -> AttackResult:
                         t_error=out.t_error, points=out.points, median_error=s.median_error,
                         recovered_fraction=s.recovered_fraction, precise_fraction=s.precise_fraction,
                         membership_auc=s.membership_auc, label_ari=out.label_ari, classes_matched=out.classes_matched)
+
+
+# ----------------------------------------------------------------------------------------------------
+# stronger attacks on DP messages: round averaging, a likelihood ratio over rounds, clip-radius canaries
+
+
+def round_targets(view: ServerView, client: str, config: FedWaDConfig, use_known_t: bool = True
+                  ) -> tuple[np.ndarray, TimeEstimate]:
+    """Every round's inverted targets, K × S × d in ξ's atom order, and the times used: row i of round k is
+    (ξ_{c,i}^k − (1 − t_k) ξ_i^{k−1}) / t_k (FedWaD eq. 10 solved for T(ξ_i), :func:`invert_interpolation`). Under
+    DP each is T(ξ_i^{k−1}) + fresh Gaussian noise, projected onto B(0, C) (:func:`~otfed.privacy.dp.dp_client_step`).
+    Approximate interpolation only (eq. 10 keeps the atoms' order)."""
+    if config.interpolation != "approx":
+        raise ValueError("round_targets inverts approximate interpolation (FedWaD eq. 10) only")
+    rec = attack_fedwad(view, client, config, use_known_t)
+    k = int(rec.rounds.max())
+    return rec.points.reshape(k, -1, rec.points.shape[1]), rec.times
+
+
+def round_average(targets: np.ndarray) -> np.ndarray:
+    """The per-atom mean of the inverted targets over the K rounds (S × d). Eq. 10 keeps ξ's atom order and the
+    DP noise is drawn afresh every round, so where an atom keeps its transport cell its K noisy copies of the same
+    T(ξ_i) average to T(ξ_i) + noise of variance σ²/K: K rounds buy the attacker a √K smaller noise. Where the
+    plan reassigns the atom between rounds, the mean mixes cells (it is then a cell mean, not a record)."""
+    targets = np.asarray(targets, dtype=np.float64)
+    if targets.ndim != 3 or targets.shape[0] == 0:
+        raise ValueError(f"targets must be a K × S × d array with K ≥ 1, got shape {targets.shape}")
+    return targets.mean(axis=0)
+
+
+def _log_gauss_mixture(points: np.ndarray, candidates: np.ndarray, sigma: float) -> np.ndarray:
+    """log (1/m) Σ_i N(candidate; points_i, σ² I) per candidate (d-dimensional isotropic Gaussian)."""
+    d = points.shape[1]
+    sq = (np.sum(candidates ** 2, axis=1)[:, None] + np.sum(points ** 2, axis=1)[None, :]
+          - 2.0 * candidates @ points.T)
+    sq = np.maximum(sq, 0.0)
+    return (logsumexp(-sq / (2.0 * sigma * sigma), axis=1) - np.log(points.shape[0])
+            - 0.5 * d * np.log(2.0 * np.pi * sigma * sigma))
+
+
+def round_likelihood_scores(targets: np.ndarray, candidates: np.ndarray, sigma: float,
+                            reference: np.ndarray | None = None, average: bool = True) -> np.ndarray:
+    """A likelihood-ratio membership score per candidate record z from the K rounds of inverted targets.
+
+    Model (the DP client of :mod:`otfed.privacy.dp`, eq. 10): every inverted target is a record of the client (its
+    transport cell's mean; a record when S ≥ n) plus N(0, σ² I), σ = σ_mult·2C√S public (ε, δ, K, C and S are
+    protocol configuration). "z is a record" makes the targets' density at z a mixture component; "z is not"
+    leaves the population's. The score is log p(targets | z ∈ D) − log p(targets | z ∉ D) up to terms the same
+    for every z:
+
+    - ``average=True`` (default): one mixture over the round averages (:func:`round_average`, σ/√K): the rounds'
+      fresh noise averaged per atom — strongest where the plan keeps its assignment;
+    - ``average=False``: Σ_k of each round's mixture log-likelihood (rounds independent given D) — robust to
+      atoms that change cells between rounds.
+
+    ``reference`` (public records of the population, e.g. the server's own test rows) gives the denominator: the
+    same mixture's log-likelihood at z with the reference in place of the targets (blurred by the same noise), so
+    a candidate in a dense region of the population is not mistaken for a member. Without it the denominator is
+    taken flat.
+    """
+    targets = np.asarray(targets, dtype=np.float64)
+    z = np.asarray(candidates, dtype=np.float64)
+    if targets.ndim != 3 or z.ndim != 2 or z.shape[1] != targets.shape[2]:
+        raise ValueError(f"targets must be K × S × d and candidates m × d (got {targets.shape} and {z.shape})")
+    if not sigma > 0:
+        raise ValueError(f"sigma must be positive (the DP noise std), got {sigma!r}")
+    k = targets.shape[0]
+    if average:
+        score = _log_gauss_mixture(round_average(targets), z, sigma / np.sqrt(k))
+        scale = sigma / np.sqrt(k)
+    else:
+        score = np.sum([_log_gauss_mixture(r, z, sigma) for r in targets], axis=0)
+        scale = sigma
+    if reference is not None:
+        ref = np.asarray(reference, dtype=np.float64)
+        if ref.ndim != 2 or ref.shape[1] != z.shape[1]:
+            raise ValueError(f"reference must be r × {z.shape[1]}, got {ref.shape}")
+        null = _log_gauss_mixture(ref, z, scale)
+        score = score - (null if average else k * null)
+    return score
+
+
+def membership_auc_interval(auc: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean AUC over independent member / non-member splits and its Student-t interval at
+    ``level`` (the splits' spread, not one split's luck), cut to [0, 1] where an AUC lives. One split gives
+    (auc, NaN, NaN)."""
+    a = np.asarray(auc, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(a.mean())
+    if a.size < 2:
+        return mean, float("nan"), float("nan")
+    half = float(student_t.ppf(0.5 + level / 2.0, a.size - 1) * a.std(ddof=1) / np.sqrt(a.size))
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+@dataclass(frozen=True)
+class DPAttackScores:
+    """One DP FedWaD session attacked three ways (:func:`dp_attack`).
+
+    ``baseline``: the per-round attack (:func:`attack_fedwad`, every round's inverted targets pooled — the suite's
+    attack before round averaging); ``averaged``: :func:`reconstruction_scores` of :func:`round_average`;
+    ``lr_auc``: membership ROC AUC of :func:`round_likelihood_scores` (round averages, the public ``reference`` as
+    denominator when given); ``lr_rounds_auc``: the same with one mixture per round (``average=False``);
+    ``sigma``: the noise std per coordinate of every inverted target; ``epsilon``, ``noise_multiplier``,
+    ``releases``: what the target spent; ``estimate``: the DP distance estimate; ``t_methods``: the attacker's time
+    estimators, joined; ``points``: inverted targets, all rounds.
+    """
+
+    baseline: ReconstructionScores
+    averaged: ReconstructionScores
+    lr_auc: float
+    lr_rounds_auc: float
+    sigma: float
+    epsilon: float
+    noise_multiplier: float
+    releases: int
+    estimate: float
+    t_methods: str = ""
+    points: int = 0
+
+
+def dp_attack(x: np.ndarray, partner: np.ndarray, non_members: np.ndarray, config: FedWaDConfig, dp: DPConfig,
+              seed: int = 0, threshold: float = 0.5, reference: np.ndarray | None = None,
+              use_known_t: bool = True, names: tuple[str, str] = ("client_mu", "client_nu")) -> DPAttackScores:
+    """One DP FedWaD session (:func:`~otfed.privacy.dp.dp_federated_wasserstein`, both clients DP) between the
+    target's records ``x`` and a partner, attacked from the server's transcript with the per-round inversion, round
+    averaging and the likelihood ratio over rounds, and scored against ``x`` with ``non_members`` held-out records
+    of the same distribution (the evaluation; never the attack). Same inputs → same scores.
+
+    Parameters:
+        x: the target client's records (n × d).
+        partner: the other client's records.
+        non_members: held-out records of the target's distribution (membership negatives).
+        config: the public FedWaD configuration (approximate interpolation; a fixed t is what the attacker uses
+            with ``use_known_t``, the strongest attacker).
+        dp: the clients' :class:`~otfed.privacy.dp.DPConfig`.
+        seed: the session's seed.
+        threshold: recovered = within ``threshold`` × the target's median NN distance of a reconstructed point.
+        reference: public records of the population (the likelihood ratio's denominator), or None.
+        use_known_t: let the attacker use a fixed t from ``config``.
+        names: the two clients' names.
+
+    Returns:
+        A :class:`DPAttackScores`.
+
+    Without noise and S = n every round inverts to the records themselves, so the round average recovers every
+    record — and every non-member near none (checked against the records themselves by brute force):
+
+    >>> import math
+    >>> rng = np.random.default_rng(0)
+    >>> x, other, held = rng.normal(size=(20, 3)), rng.normal(size=(20, 3)) + 1.0, rng.normal(size=(20, 3))
+    >>> out = dp_attack(x, other, held, FedWaDConfig(support_size=20, iterations=3, t=0.5),
+    ...                 DPConfig(epsilon=math.inf, clip_radius=50.0), seed=1)
+    >>> out.averaged.recovered_fraction, out.lr_auc, out.noise_multiplier
+    (1.0, 1.0, 0.0)
+    """
+    channel = Channel(keep_inbox=True)
+    out = dp_federated_wasserstein(np.asarray(x, dtype=np.float64), partner, config, dp, seed=seed, names=names,
+                                   channel=channel)
+    view = server_view(channel)
+    targets, times = round_targets(view, names[0], config, use_known_t)
+    x = np.asarray(x, dtype=np.float64)
+    baseline = reconstruction_scores(targets.reshape(-1, targets.shape[2]), x, non_members, threshold)
+    averaged = reconstruction_scores(round_average(targets), x, non_members, threshold)
+    sigma = out.noise_multiplier * interpolant_sensitivity(config.support_size, dp.clip_radius)
+    labels = np.r_[np.ones(x.shape[0]), np.zeros(np.asarray(non_members).shape[0])]
+    both = np.vstack([x, non_members])
+    if sigma > 0:
+        lr = roc_auc_score(labels, round_likelihood_scores(targets, both, sigma, reference))
+        lr_rounds = roc_auc_score(labels, round_likelihood_scores(targets, both, sigma, reference, average=False))
+    else:  # no noise: the averages are the targets themselves; the nearest-point rule is the limit σ → 0
+        lr = lr_rounds = averaged.membership_auc
+    return DPAttackScores(baseline=baseline, averaged=averaged, lr_auc=float(lr), lr_rounds_auc=float(lr_rounds),
+                          sigma=float(sigma), epsilon=float(out.epsilon), noise_multiplier=float(out.noise_multiplier),
+                          releases=int(out.releases), estimate=float(out.estimate),
+                          t_methods="+".join(sorted(set(times.methods))), points=int(targets.shape[0] * targets.shape[1]))
+
+
+@dataclass(frozen=True)
+class MembershipSplits:
+    """Membership inference over independent member / non-member splits of one pool of records
+    (:func:`membership_splits`): per split the AUC of each score, and for each its mean and t-interval
+    (:func:`membership_auc_interval`). ``nearest``: the per-round attack's nearest-point score; ``averaged``: the
+    round averages' nearest-point score; ``lr``: :func:`round_likelihood_scores`."""
+
+    nearest: np.ndarray
+    averaged: np.ndarray
+    lr: np.ndarray
+    averaged_recovered: np.ndarray
+    averaged_non_member: np.ndarray
+
+    def interval(self, score: str = "lr", level: float = 0.95) -> tuple[float, float, float]:
+        """(mean, low, high) of ``score``'s AUC over the splits."""
+        return membership_auc_interval(getattr(self, score), level)
+
+
+def membership_splits(pool: np.ndarray, partner: np.ndarray, members: int, config: FedWaDConfig, dp: DPConfig,
+                      splits: int = 20, seed: int = 0, threshold: float = 0.5,
+                      reference: np.ndarray | None = None) -> MembershipSplits:
+    """Membership inference scored over ``splits`` random member / non-member splits of ``pool``: each split draws
+    ``members`` records as the target client's data set (the rest are its non-members), runs one DP FedWaD session
+    with a fresh seed and attacks it (:func:`dp_attack`). One split's AUC swings with which records were drawn; the
+    mean over splits, with its interval, is the score to report (:meth:`MembershipSplits.interval`)."""
+    pool = np.asarray(pool, dtype=np.float64)
+    if not 2 <= members < pool.shape[0]:
+        raise ValueError(f"members must lie in [2, {pool.shape[0]}) for a pool of {pool.shape[0]} records, "
+                         f"got {members}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 34]))
+    rows: list[tuple[float, float, float, float, float]] = []
+    for s in range(splits):
+        chosen = np.zeros(pool.shape[0], dtype=bool)
+        chosen[rng.choice(pool.shape[0], members, replace=False)] = True
+        out = dp_attack(pool[chosen], partner, pool[~chosen], config, dp, seed=int(rng.integers(2**31)),
+                        threshold=threshold, reference=reference)
+        rows.append((out.baseline.membership_auc, out.averaged.membership_auc, out.lr_auc,
+                     out.averaged.recovered_fraction, out.averaged.non_member_fraction))
+    a = np.asarray(rows)
+    return MembershipSplits(a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
+
+
+def clip_canaries(count: int, dim: int, radius: float, rng: np.random.Generator) -> np.ndarray:
+    """``count`` canary records on the sphere of radius C (uniform random directions): the records a replace-one
+    neighbour can move furthest (the 2C of every sensitivity), so the ones the DP guarantee is tight for."""
+    u = rng.normal(size=(count, dim))
+    return radius * u / np.linalg.norm(u, axis=1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class CanaryAudit:
+    """Clip-radius canaries inserted into a client's data or not (:func:`canary_audit`): per session the AUC of the
+    likelihood-ratio score (``lr``) and of the round averages' nearest-point score (``averaged``) at telling the
+    inserted canaries from the others, and for each its mean and t-interval over sessions."""
+
+    lr: np.ndarray
+    averaged: np.ndarray
+
+    def interval(self, score: str = "lr", level: float = 0.95) -> tuple[float, float, float]:
+        """(mean, low, high) of ``score``'s AUC over the sessions."""
+        return membership_auc_interval(getattr(self, score), level)
+
+
+def canary_audit(x: np.ndarray, partner: np.ndarray, config: FedWaDConfig, dp: DPConfig, canaries: int = 10,
+                 sessions: int = 5, seed: int = 0) -> CanaryAudit:
+    """A DP audit with canaries at the clip radius: per session 2m canaries (:func:`clip_canaries`, m =
+    ``canaries``), m of them replacing random records of ``x`` (n stays public and fixed), one DP FedWaD session,
+    and the server's scores of all 2m (:func:`round_likelihood_scores`, without a reference: the canaries lie
+    outside the population) — the AUC of inserted vs not inserted. A canary lies at distance ≈ C√2 from the
+    others, so this is the membership game at the records the guarantee is tightest for."""
+    x = np.asarray(x, dtype=np.float64)
+    if not 1 <= canaries <= x.shape[0]:
+        raise ValueError(f"canaries must lie in [1, {x.shape[0]}], got {canaries}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 35]))
+    lr, avg = [], []
+    labels = np.r_[np.ones(canaries), np.zeros(canaries)]
+    for _ in range(sessions):
+        c = clip_canaries(2 * canaries, x.shape[1], dp.clip_radius, rng)
+        data = x.copy()
+        data[rng.choice(x.shape[0], canaries, replace=False)] = c[:canaries]
+        channel = Channel(keep_inbox=True)
+        out = dp_federated_wasserstein(data, partner, config, dp, seed=int(rng.integers(2**31)), channel=channel)
+        targets, _ = round_targets(server_view(channel), "client_mu", config)
+        sigma = out.noise_multiplier * interpolant_sensitivity(config.support_size, dp.clip_radius)
+        near, _ = cKDTree(round_average(targets)).query(c)
+        avg.append(roc_auc_score(labels, -near))
+        # no noise: the nearest-point rule is the likelihood ratio's limit σ → 0
+        lr.append(roc_auc_score(labels, round_likelihood_scores(targets, c, sigma)) if sigma > 0 else avg[-1])
+    return CanaryAudit(np.asarray(lr), np.asarray(avg))

@@ -44,6 +44,12 @@ default, Mironov 2017; or its PLD accountant, pessimistic). A session of K itera
 releases (K more with ``record_history``); a client in the pairwise distances of n clients joins n − 1
 sessions. :class:`DPConfig` turns a target total (ε, δ) into σ_mult for ``sessions × releases``.
 
+**Unit of protection and budget across sessions.** The guarantee is per record (replace-one), not for the data set
+as a whole. Each :class:`DPWassersteinClient` counts its own releases; ``DPConfig(ledger_dir=...)`` makes the count
+persist across sessions and processes (:mod:`otfed.privacy.accountant`): a session reserves its K + 1 releases in the
+client's ledger before its first release and is refused (:class:`PrivacyBudgetError`) when they would take the
+client past its (ε, δ).
+
 Caveats: (i) the guarantee is for the idealised real-valued Gaussian mechanism; numpy's floating-point
 sampler is not hardened against floating-point attacks (Mironov 2012). (ii) With clipping active the
 protocol estimates W_p between the *clipped* measures. (iii) Only approximate interpolation (eq. 10) is
@@ -67,6 +73,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 import dp_accounting
@@ -76,12 +83,13 @@ from dp_accounting.rdp import RdpAccountant
 from pydantic import Field
 from scipy.optimize import brentq
 
-from otfed.errors import ConfigError, OtfedError
+from otfed.errors import ConfigError
 from otfed.federation.fedwad import (FedWaDConfig, FedWaDResult, WassersteinClient, WassersteinServer, draw_t, fedwad,
                                      subproblem_transport)
 from otfed.federation.ledger import Channel
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, MomentMessage
 from otfed.ot import Measure, optimal_transport
+from otfed.privacy.accountant import BudgetLedger, PrivacyBudgetError, pld_interval
 from otfed.schema import Strict
 
 Accountant = Literal["rdp", "pld"]
@@ -94,15 +102,7 @@ __all__ = [
 ]
 
 
-class PrivacyBudgetError(OtfedError):
-    """A DP client was asked for more releases than its (ε, δ) budget was calibrated for; names the client."""
-
-
 # ---------------------------------------------------------------------------------------------- accounting
-def _pld_interval(mu: float) -> float:
-    """PLD value discretisation for a Gaussian of GDP parameter μ: 1e-3, coarser for large μ so that the
-    number of buckets (∝ μ²/interval) stays bounded (the estimate stays pessimistic, i.e. an upper bound)."""
-    return 1e-3 * max(1.0, mu * mu / 100.0)
 
 
 @lru_cache(maxsize=1024)
@@ -154,7 +154,7 @@ def gaussian_epsilon(noise_multiplier: float, releases: int, delta: float, accou
     if accountant == "rdp":
         acc = RdpAccountant()
     elif accountant == "pld":
-        acc = PLDAccountant(value_discretization_interval=_pld_interval(math.sqrt(releases) / noise_multiplier))
+        acc = PLDAccountant(value_discretization_interval=pld_interval(math.sqrt(releases) / noise_multiplier))
     else:
         raise ValueError(f"unknown accountant {accountant!r}; allowed values: rdp, pld")
     return float(acc.compose(event).get_epsilon(float(delta)))
@@ -224,6 +224,9 @@ class DPConfig(Strict):
     distance). ``sessions``: the FedWaD sessions this client's data joins (n − 1 in the pairwise distances
     of n clients). ``accountant``: ``"rdp"`` (fast) or ``"pld"`` (tighter, slower). ``project``: project
     noisy barycentric targets back onto B(0, C) (post-processing; never increases their error).
+    ``min_class_size``: the public minimum class size of a labelled client (:mod:`otfed.privacy.dp_fedbary`).
+    ``ledger_dir``: where each client's budget persists across sessions (:mod:`otfed.privacy.accountant`);
+    without it ``sessions`` is the caller's promise, not enforced across client objects.
     """
 
     epsilon: float = Field(1.0, gt=0.0, description="Total ε per client over all sessions (inf: no noise).")
@@ -232,6 +235,21 @@ class DPConfig(Strict):
     sessions: int = Field(1, ge=1, le=1_000_000, description="FedWaD sessions the client's data joins.")
     accountant: Accountant = "rdp"
     project: bool = Field(True, description="Project noisy barycentric targets back onto B(0, C).")
+    min_class_size: int = Field(2, ge=2, le=1_000_000, description="Public minimum class size (labelled clients, "
+                                "DP FedBary): a class with fewer records gets the data-independent fallback "
+                                "statistics instead of its own, before any release, so no neighbour fails where "
+                                "the other runs.")
+    ledger_dir: str | None = Field(None, description="Folder of the clients' persisted privacy ledgers "
+                                   "(<client>.json, otfed.privacy.accountant.BudgetLedger): every session reserves "
+                                   "its releases there before its first one and is refused past the budget. None: "
+                                   "no persistence (the budget holds per client object only).")
+
+    def ledger(self, client: str) -> BudgetLedger | None:
+        """The persisted ledger of ``client`` (``ledger_dir/<client>.json``), or None without ``ledger_dir``."""
+        if self.ledger_dir is None:
+            return None
+        return BudgetLedger(Path(self.ledger_dir) / f"{client}.json", client, self.epsilon, self.delta,
+                            self.accountant)
 
     def releases_per_session(self, config: FedWaDConfig) -> int:
         """Releases per FedWaD session: K interpolants + 1 final distance (+ K monitor distances with
@@ -352,9 +370,16 @@ class DPWassersteinClient(WassersteinClient):
         self.budget = dp.releases(config)
         self.releases = 0
         self._noise_rng = noise_rng if noise_rng is not None else rng.spawn(1)[0]
+        self._ledger = dp.ledger(name)
 
     def _spend(self) -> None:
+        if self.releases == 0 and self._ledger is not None:  # before the first release of this session
+            self._ledger.reserve(self._session_label(), self.noise_multiplier,
+                                 self.dp.releases_per_session(self._config))
         self.releases = spend_release(self.name, self.releases, self.budget, self.dp)
+
+    def _session_label(self) -> str:
+        return f"fedwad session {len(self._ledger.reservations) + 1}" if self._ledger is not None else ""
 
     def interpolate(self, request: MeasureMessage) -> MeasureMessage:
         """ξ_μ^{(k)}: a DP interpolant (:func:`dp_client_step`) — one release."""

@@ -24,11 +24,18 @@ clipped ball's diameter, |W_p(P̄, ξ) − W_p(P̄', ξ)| ≤ W_p(P̄, P̄') ≤
 2C·n^{−1/p}: a DP FedBary client pays more noise on its distances than a DP FedWaD client on raw features.
 The interpolant's 2C√S bound holds for any change of the records.
 
+**A public minimum class size.** The label augmentation needs each class's covariance, which a class with one
+record does not have; a replace-one neighbour can leave a class with one record, and a client that then failed
+(where its neighbour runs) would reveal that record through an event no noise covers. :func:`dp_augmented_measure`
+applies a public minimum class size (``DPConfig.min_class_size``) before any release: a smaller class keeps its mean
+and gets the data-independent covariance root 0, so neighbours run the same session.
+
 **Accounting.** Every release is a Gaussian mechanism with the same σ_mult on a query chosen from public
 history only (γ_i from earlier noisy releases, η_{Q_i} from the server's Q and the γ's): an adaptive
 composition, accounted by :func:`~otfed.privacy.dp.gaussian_epsilon` (RDP or PLD). σ_mult is calibrated once
 for :meth:`DPBaryClient.budget` releases (``DPConfig.sessions`` sessions); more raises
-:class:`~otfed.privacy.dp.PrivacyBudgetError`.
+:class:`~otfed.privacy.dp.PrivacyBudgetError`. With ``DPConfig.ledger_dir`` each session reserves its 2K + 1
+releases in the client's persisted ledger first (:mod:`otfed.privacy.accountant`).
 
 What stays local: datum values (FedBary eq. 10, the calibrated gradients against the last η_{Q_i}) are
 computed by the client and never sent; they are computed on the client's *unclipped* records (they are not
@@ -42,25 +49,62 @@ from typing import Sequence
 
 import numpy as np
 
-from otfed.errors import ConfigError
+from otfed.errors import ConfigError, DegenerateClientError
 from otfed.federation.fedbary import (BaryClient, BaryServer, FedBaryConfig, FedBaryResult, Potential, _distance,
                                       fedbary, validation_target)
 from otfed.federation.fedwad import draw_t
 from otfed.federation.ledger import Channel
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
-from otfed.federation.otdd import LabelledData, augmented_measure
+from otfed.federation.otdd import LabelledData
 from otfed.ot import Measure, optimal_transport
+from otfed.ot.otdd import ClassStats, augment_with_label_stats, class_statistics
 from otfed.privacy.dp import (DPConfig, clip_to_ball, dp_client_step, gaussian_epsilon, gaussian_mechanism,
                               gaussian_noise_multiplier, spend_release)
 from otfed.valuation.calibrated import datum_values as calibrated_datum_values
 
-__all__ = ["DPBaryClient", "distance_sensitivity", "dp_federated_valuation", "releases_per_session"]
+__all__ = ["DPBaryClient", "distance_sensitivity", "dp_augmented_measure", "dp_federated_valuation",
+           "releases_per_session"]
 
 
 def releases_per_session(config: FedBaryConfig) -> int:
     """A DP FedBary client's releases per session: per round the noisy targets of η_{P_i} and W(P̄_i, η_{P_i}),
     plus the closing W(P̄_i, γ_i^(K)) — 2K + 1."""
     return 2 * config.iterations + 1
+
+
+def dp_augmented_measure(data: LabelledData, diagonal: bool = True, min_class_size: int = 2) -> Measure:
+    """The uniform measure on label-augmented records [x; m_y; s_y] (FedWaD §5, app. D.3; FedBary eq. 8) with a
+    public minimum class size: a class with fewer than ``min_class_size`` records keeps its mean but gets the
+    data-independent covariance root 0 in place of its own (a single record has none) — so a replace-one
+    neighbour that empties a class to one record runs the same session as its neighbour instead of failing
+    (an event no noise covers). Classes with ``min_class_size`` records or more get their own statistics
+    (:func:`~otfed.ot.otdd.class_statistics`); with every class that large this is
+    :func:`~otfed.ot.otdd.augmented_measure`. Everything released from it is clipped to B(0, C), so the
+    sensitivities of the module docstring hold whichever statistics a class gets.
+
+    Raises :class:`~otfed.errors.DegenerateClientError` naming the client for no records or non-finite features
+    (neither is a neighbour of a valid data set of the public size n)."""
+    if min_class_size < 2:
+        raise ValueError(f"min_class_size must be at least 2 (a covariance needs two records), got {min_class_size}")
+    x = np.asarray(data.x, dtype=np.float64)
+    y = np.asarray(data.y)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise DegenerateClientError(f"client {data.name!r} has no samples")
+    if x.shape[0] != y.shape[0]:
+        raise DegenerateClientError(f"client {data.name!r}: {x.shape[0]} samples but {y.shape[0]} labels")
+    if not np.all(np.isfinite(x)):
+        raise DegenerateClientError(f"client {data.name!r} has NaN or inf features")
+    labels, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    large = counts >= min_class_size
+    d = x.shape[1]
+    means = np.stack([x[inverse == c].mean(axis=0) for c in range(labels.shape[0])])
+    sqrt_covs = np.zeros((labels.shape[0], d) if diagonal else (labels.shape[0], d, d))
+    if large.any():
+        keep = large[inverse]
+        own = class_statistics(x[keep], y[keep], diagonal=diagonal, client=data.name)
+        sqrt_covs[large] = own.sqrt_covs
+    stats = ClassStats(labels=labels, means=means, sqrt_covs=sqrt_covs, diagonal=bool(diagonal), counts=counts)
+    return Measure.uniform(augment_with_label_stats(x, y, stats))
 
 
 def distance_sensitivity(clip_radius: float) -> float:
@@ -90,15 +134,22 @@ class DPBaryClient(BaryClient):
         self.noise_multiplier = gaussian_noise_multiplier(dp.epsilon, dp.delta, self.budget, dp.accountant)
         self.releases = 0
         self._noise_rng = noise_rng if noise_rng is not None else rng.spawn(1)[0]
+        self._ledger = dp.ledger(name)
 
     @classmethod
     def from_data(cls, data: LabelledData, config: FedBaryConfig, rng: np.random.Generator,  # type: ignore[override]
                   dp: DPConfig | None = None, noise_rng: np.random.Generator | None = None) -> "DPBaryClient":
+        """The client of ``data``'s label-augmented measure with the public minimum class size applied
+        (:func:`dp_augmented_measure`)."""
         if dp is None:
             raise ConfigError(f"client {data.name!r}: a DP FedBary client needs its DPConfig")
-        return cls(data.name, augmented_measure(data, diagonal=config.diagonal), config, rng, dp, noise_rng)
+        return cls(data.name, dp_augmented_measure(data, config.diagonal, dp.min_class_size), config, rng, dp,
+                   noise_rng)
 
     def _spend(self) -> None:
+        if self.releases == 0 and self._ledger is not None:  # before the first release of this session
+            self._ledger.reserve(f"fedbary session {len(self._ledger.reservations) + 1}", self.noise_multiplier,
+                                 releases_per_session(self._config))
         self.releases = spend_release(self.name, self.releases, self.budget, self.dp)
 
     def _noisy_distance(self, other: Measure) -> float:

@@ -1,7 +1,8 @@
 """Data valuation: FedBary datum values (calibrated gradients, eq. 10), detection metrics, baselines.
 
-- :mod:`.calibrated` — ``calibrated_gradient``, ``dual_potential``, ``datum_values``, ``flag_noisy``,
-  ``rank_by_value``; removal masks ``most_suspicious``, ``budget_removal``, ``flagged_removal``, ``random_removal``
+- :mod:`.calibrated` — ``calibrated_gradient``, ``dual_potential`` (``solve_dual_potential`` with its convergence
+  report), ``datum_values``, ``flag_noisy``, ``calibrated_threshold``, ``rank_by_value``; removal masks
+  ``most_suspicious``, ``budget_removal``, ``flagged_removal``, ``random_removal``
 - :mod:`.baselines` — ``ValuationData`` and ``fit(data) → values`` valuers: ``ExactShapley``,
   ``LeaveOneOut``, ``PermutationShapley``, ``TruncatedMonteCarloShapley``, ``KNNShapley``, ``Lava``;
   ``knn_leave_one_out``; utilities ``knn_utility``, ``classifier_accuracy``
@@ -11,7 +12,8 @@
   ``one_round_reconstruction`` (OR), ``multi_round_reconstruction`` (MR = FedShapley with λ_r = 1),
   ``gtg_shapley``; ``reconstructed_round_state``, ``reconstructed_final_state``, ``accuracy_utility``,
   ``ClientValues``, ``StateUtility``
-- :mod:`.detection` — ``detection_scores`` (precision/recall/F1), ``detection_auc``, ``point_removal_curve``
+- :mod:`.detection` — ``detection_scores`` (precision/recall/F1), ``detection_auc``, ``point_removal_curve``,
+  ``split_validation`` (the calibration set of ``calibrated_threshold``)
 - :mod:`.duplication` — duplicated data as measures (``repeated_dataset``, ``repeated_datum``,
   ``mass_moved_by_duplication``) and ``exact_wasserstein`` (POT), for FedBary table 3
 
@@ -40,11 +42,14 @@ _SOURCES = {
     "accuracy_utility": "reconstruction",
     "budget_removal": "calibrated",
     "calibrated_gradient": "calibrated",
+    "calibrated_threshold": "calibrated",
     "classifier_accuracy": "baselines",
     "datum_values": "calibrated",
     "detection_auc": "detection",
     "detection_scores": "detection",
     "dual_potential": "calibrated",
+    "solve_dual_potential": "calibrated",
+    "split_validation": "detection",
     "exact_wasserstein": "duplication",
     "fedavg_rounds": "client_games",
     "fedavg_utility": "client_games",
@@ -75,6 +80,7 @@ __all__ = [
     "knn_utility", "mass_moved_by_duplication", "multi_round_reconstruction", "one_round_reconstruction",
     "most_suspicious", "percent_of_total", "point_removal_curve", "random_removal", "rank_by_value", "reconstructed_final_state",
     "reconstructed_round_state", "repeated_dataset", "repeated_datum",
+    "calibrated_threshold", "solve_dual_potential", "split_validation",
 ]
 
 

@@ -7,6 +7,9 @@
 - :func:`point_removal_curve` — remove training points in descending order of value (most harmful first
   for calibrated gradients), refit a logistic regression after every further 5 % and record holdout
   accuracy (FedBary fig. 5 b, d).
+- :func:`split_validation` — the server's validation set split, class by class, into the target Q and a clean
+  calibration set for :func:`otfed.valuation.calibrated.calibrated_threshold` (a flagging rule with a stated
+  false-positive rate).
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
+
+from otfed.ot.otdd import LabelledData
 
 
 @dataclass(frozen=True)
@@ -113,3 +118,45 @@ def point_removal_curve(values: np.ndarray, x: np.ndarray, y: np.ndarray, x_test
         model.fit(x[keep], y[keep])  # type: ignore[attr-defined]
         accuracy[k] = float(np.mean(model.predict(x_test) == y_test))  # type: ignore[attr-defined]
     return RemovalCurve(fractions=fractions, removed=removed, accuracy=accuracy)
+
+
+def split_validation(validation: LabelledData, calibration_fraction: float = 0.5,
+                     seed: int = 0) -> tuple[LabelledData, LabelledData]:
+    """The server's labelled ``validation`` set split at random, class by class, into a reference part (FedBary's
+    target Q) and a calibration part (``calibration_fraction`` of every class, rounded, at least 2 rows on each
+    side so that both can be label-augmented). The calibration part joins the FedBary session as one more —
+    clean — client named ``"<name>/calibration"``; its datum values (eq. 10) give the threshold of
+    :func:`otfed.valuation.calibrated.calibrated_threshold`. Keep it about the size of a client: eq. 10 centres
+    every client's values, so their spread depends on the client's size. Same ``seed`` → same split.
+
+    Parameters:
+        validation: the server's labelled validation set.
+        calibration_fraction: the share of every class that goes to calibration, in (0, 1).
+        seed: the split's random draw.
+
+    Returns:
+        ``(reference, calibration)``, named ``"<name>/reference"`` and ``"<name>/calibration"``.
+
+    Raises ValueError for a fraction outside (0, 1) or a class with fewer than 4 rows (it cannot leave 2 on each
+    side).
+
+    >>> data = LabelledData("validation", np.arange(20.0).reshape(10, 2), np.array([0] * 6 + [1] * 4))
+    >>> reference, calibration = split_validation(data, 0.5, seed=0)
+    >>> np.bincount(reference.y).tolist(), np.bincount(calibration.y).tolist(), calibration.name
+    ([3, 2], [3, 2], 'validation/calibration')
+    >>> sorted(np.concatenate([reference.x[:, 0], calibration.x[:, 0]]).tolist()) == data.x[:, 0].tolist()
+    True
+    """
+    if not 0.0 < calibration_fraction < 1.0:
+        raise ValueError(f"calibration_fraction must lie in (0, 1), got {calibration_fraction!r}")
+    x, y = np.asarray(validation.x), np.asarray(validation.y)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA1]))
+    to_calibration = np.zeros(len(y), dtype=bool)
+    for label in np.unique(y):
+        rows = np.flatnonzero(y == label)
+        if rows.size < 4:
+            raise ValueError(f"{validation.name!r}: class {label.item()!r} has {rows.size} rows; splitting it needs ≥ 4")
+        take = int(np.clip(round(calibration_fraction * rows.size), 2, rows.size - 2))
+        to_calibration[rng.choice(rows, take, replace=False)] = True
+    return (LabelledData(f"{validation.name}/reference", x[~to_calibration], y[~to_calibration]),
+            LabelledData(f"{validation.name}/calibration", x[to_calibration], y[to_calibration]))

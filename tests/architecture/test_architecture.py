@@ -228,3 +228,30 @@ def test_no_stage_depends_on_the_runners_operations() -> None:
     for name, stage in _dvc_stages().items():
         hits = [d for d in stage["deps"] for f in files if f == d or f.startswith(d.rstrip("/") + "/")]
         assert not hits, f"dvc.yaml stage {name} depends on operations code {hits}"
+
+
+def _diagram() -> list[str]:
+    """The lines of docs/contributing.md's architecture diagram (its first fenced block)."""
+    text = (REPO / "docs" / "contributing.md").read_text(encoding="utf-8")
+    return text.split("```", 2)[1].splitlines()
+
+
+def test_the_contributing_diagram_draws_the_enforced_layers_in_order() -> None:
+    """Each layer of LAYERS is one row of the diagram's otfed/ block, high → low, naming exactly its units."""
+    lines = _diagram()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("otfed/"))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        head = line.strip().split("  ")[0]
+        rows.append(tuple(f"otfed.{name.strip()}" for name in head.split("│")))
+    assert rows == LAYERS, ("docs/contributing.md's layer diagram differs from the layers the architecture test "
+                            f"enforces:\n  drawn:    {rows}\n  enforced: {LAYERS}")
+
+
+def test_the_contributing_diagram_names_the_pipeline_benchmarks() -> None:
+    """bench/ is not library-only: the diagram names every benchmark allowed to import stages/ and flows/."""
+    drawn = " ".join(_diagram())
+    missing = [name for name in sorted(PIPELINE_BENCHES) if name.removesuffix(".py") not in drawn]
+    assert not missing, f"docs/contributing.md's diagram does not name the pipeline benchmarks {missing}"

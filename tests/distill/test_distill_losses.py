@@ -15,6 +15,7 @@ from otfed.distill import (
 
 F64 = torch.float64
 SA = LabelSpace.for_task("sa")
+LABEL_COST = {"sinkhorn": {"cost": SA, "eps": 0.01}, "kl": {}}  # kind="kl" takes no cost and no ε
 
 
 def _batch(seed, B=4, K=3, C=5):
@@ -30,9 +31,9 @@ def test_one_teacher_reduces_to_the_single_teacher_loss(kind):
     student, teachers, weights = _batch(0)
     single = (sinkhorn_histogram_loss(student, teachers[:, 0], SA.cost_matrix(), 0.01) if kind == "sinkhorn"
               else kl_histogram_loss(student, teachers[:, 0]))
-    loss = ensemble_loss(student, teachers[:, :1], weights[:, :1], kind=kind, cost=SA, eps=0.01)
+    loss = ensemble_loss(student, teachers[:, :1], weights[:, :1], kind=kind, **LABEL_COST[kind])
     assert float(loss) == pytest.approx(float(single.mean()), abs=1e-12)  # normalised weight = 1
-    raw = ensemble_loss(student, teachers[:, 0], weights[:, :1], kind=kind, cost=SA, eps=0.01, normalize=False)
+    raw = ensemble_loss(student, teachers[:, 0], weights[:, :1], kind=kind, **LABEL_COST[kind], normalize=False)
     assert float(raw) == pytest.approx(float((weights[:, 0] * single).mean()), abs=1e-12)
 
 
@@ -42,14 +43,14 @@ def test_weighting_by_hand(kind):
     T = (sinkhorn_histogram_loss(student, teachers, SA.cost_matrix(), 0.01) if kind == "sinkhorn"
          else kl_histogram_loss(student, teachers))
     expected_rows = [sum(weights[b, k] * T[b, k] for k in range(3)) / weights[b].sum() for b in range(4)]
-    per_sample = ensemble_loss(student, teachers, weights, kind=kind, cost=SA, eps=0.01, reduction="none")
+    per_sample = ensemble_loss(student, teachers, weights, kind=kind, **LABEL_COST[kind], reduction="none")
     assert torch.allclose(per_sample, torch.stack(expected_rows), atol=1e-12)
-    mean = ensemble_loss(student, teachers, weights, kind=kind, cost=SA, eps=0.01)
+    mean = ensemble_loss(student, teachers, weights, kind=kind, **LABEL_COST[kind])
     assert float(mean) == pytest.approx(float(sum(expected_rows) / 4), abs=1e-12)
     # per-teacher weights (K) broadcast over the batch; no weights = "A" = plain mean over teachers
-    per_teacher = ensemble_loss(student, teachers, weights[0], kind=kind, cost=SA, eps=0.01, reduction="none")
+    per_teacher = ensemble_loss(student, teachers, weights[0], kind=kind, **LABEL_COST[kind], reduction="none")
     assert torch.allclose(per_teacher, (weights[0] * T).sum(-1) / weights[0].sum(), atol=1e-12)
-    unweighted = ensemble_loss(student, teachers, kind=kind, cost=SA, eps=0.01)
+    unweighted = ensemble_loss(student, teachers, kind=kind, **LABEL_COST[kind])
     assert float(unweighted) == pytest.approx(float(T.mean()), abs=1e-12)
 
 

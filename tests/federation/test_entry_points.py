@@ -34,8 +34,8 @@ def test_federated_wasserstein_takes_a_mapping_as_the_config_it_spells() -> None
 def test_federated_otdd_takes_a_mapping_as_the_config_it_spells() -> None:
     a, b = labelled("a", 20, 3, 1), labelled("b", 20, 3, 2)
     assert federated_otdd(a, b, FEDWAD, seed=1).estimate == federated_otdd(a, b, FedWaDConfig(**FEDWAD), seed=1).estimate
-    matrix, _ = pairwise_federated_otdd([a, b, labelled("c", 20, 3, 3)], FEDWAD, seed=2)
-    expected, _ = pairwise_federated_otdd([a, b, labelled("c", 20, 3, 3)], FedWaDConfig(**FEDWAD), seed=2)
+    matrix = pairwise_federated_otdd([a, b, labelled("c", 20, 3, 3)], FEDWAD, seed=2).estimates
+    expected = pairwise_federated_otdd([a, b, labelled("c", 20, 3, 3)], FedWaDConfig(**FEDWAD), seed=2).estimates
     np.testing.assert_array_equal(matrix, expected)
 
 
@@ -99,13 +99,13 @@ def test_fedbary_names_a_validation_set_of_another_feature_dimension() -> None:
 
 
 def test_the_entry_points_runnable_examples_pass() -> None:
-    """The docstring examples of federated_wasserstein, federated_otdd, federated_valuation and valuation_spread
-    run (each checks its result against an independent truth: POT's exact solver, the planted outlier client,
-    identical clients' symmetric share)."""
+    """The docstring examples of federated_wasserstein, federated_otdd, pairwise_federated_otdd,
+    federated_valuation and valuation_spread run (each checks its result against an independent truth: POT's exact
+    solver, the planted outlier client, identical clients' symmetric share)."""
     from tests.docstring_examples import example_report, missing_sections
 
     for name, entry in (("fedwad", "federated_wasserstein"), ("otdd", "federated_otdd"),
-                        ("fedbary", "federated_valuation"), ("fedbary", "valuation_spread")):
+                        ("otdd", "pairwise_federated_otdd"), ("fedbary", "federated_valuation"), ("fedbary", "valuation_spread")):
         report = example_report(f"otfed.federation.{name}", entry)
         assert not report, report
         assert not missing_sections(f"otfed.federation.{name}", entry), entry

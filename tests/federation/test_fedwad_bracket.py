@@ -232,8 +232,9 @@ def test_the_outside_users_case_warns_once_with_the_numbers_and_the_remedy() -> 
     assert len(bracket) == 1 and bracket[0].filename == __file__  # points at the caller's line
     text = str(bracket[0].message)
     assert f"{result.upper:.4g}" in text and f"{result.lower:.4g}" in text and f"{result.ratio:.2f}×" in text
-    assert "raise S" in text and "S = 10" in text
-    assert result.notes == [text]
+    assert "raise S" in text and "S = 10" in text and "max(n, m)" in text
+    support = [str(w.message) for w in record if "support rule" in str(w.message)]  # S = 10 < 2,000: its own warning
+    assert len(support) == 1 and result.notes == [support[0], text]
     exact = exact_w2(x, y)
     assert result.lower <= exact <= result.upper and result.upper > 1.7 * exact and result.ratio > 1.25
 
@@ -290,10 +291,12 @@ def test_moments_change_no_number_and_no_random_draw() -> None:
 
 def test_p1_has_no_lower_bound_and_says_why() -> None:
     rng = np.random.default_rng(6)
-    result = federated_wasserstein(rng.normal(size=(40, 2)), rng.normal(size=(30, 2)),
-                                   FedWaDConfig(support_size=5, iterations=3, p=1), seed=0)
+    with pytest.warns(RuntimeWarning, match="support rule not met: support_size S = 5 is below"):
+        result = federated_wasserstein(rng.normal(size=(40, 2)), rng.normal(size=(30, 2)),
+                                       FedWaDConfig(support_size=5, iterations=3, p=1), seed=0)
     assert result.lower is None and result.ratio is None and result.kind == "upper bound (triangle inequality)"
-    assert result.notes == ["no lower bound: Gelbrich's bound is for W2, this run computed W1"]
+    assert result.notes[-1] == "no lower bound: Gelbrich's bound is for W2, this run computed W1"
+    assert len(result.notes) == 2 and "support rule" in result.notes[0]  # S = 5 < 40: the support rule's note
     assert "moments" not in set(result.ledger.to_frame().kind)
 
 

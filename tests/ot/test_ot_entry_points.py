@@ -17,6 +17,7 @@ ENTRY_POINTS = [
     ("otfed.ot.exact", "wasserstein"),
     ("otfed.ot.exact", "optimal_transport"),
     ("otfed.ot.semidual", "semidual_plan"),
+    ("otfed.ot.semidual", "entropic_potentials"),
     ("otfed.ot.interpolation", "interpolate_exact"),
     ("otfed.ot.interpolation", "interpolate_approx"),
     ("otfed.ot.interpolation", "interpolating_measure"),

@@ -145,3 +145,43 @@ def test_config_errors_name_the_client() -> None:
                                dp=DPConfig(epsilon=1.0, clip_radius=1.0))
     with pytest.raises(ConfigError, match="client_0.*DPConfig"):
         DPBaryClient.from_data(_clients()[0], CONFIG, np.random.default_rng(0))
+
+
+# ------------------------------------------------------------------------------------ the singleton gap (issue #34)
+ISSUE_X = np.array([[0.0], [0.1], [1.0], [1.1]])
+
+
+@pytest.mark.parametrize("epsilon", [1.0, math.inf])
+def test_neighbours_that_leave_a_class_with_one_record_run_the_same_session(epsilon: float) -> None:
+    """x = [[0], [0.1], [1], [1.1]] with y = [0, 0, 1, 1] and its replace-one neighbour y = [0, 1, 1, 1] (class 0
+    left with one record, whose covariance is undefined): both sessions run — the same messages, kinds, sizes and
+    release counts, no DegenerateClientError for one and a result for the other (an event no noise covers)."""
+    other = LabelledData("b", np.array([[0.2], [0.3], [0.9], [1.2]]), np.array([0, 0, 1, 1]))
+    transcripts = []
+    for y in ([0, 0, 1, 1], [0, 1, 1, 1]):
+        channel = Channel(keep_inbox=True)
+        result, parties = dp_federated_valuation([LabelledData("a", ISSUE_X, np.array(y)), other],
+                                                 FedBaryConfig(support_size=4, iterations=2),
+                                                 DPConfig(epsilon=epsilon, clip_radius=3.0), seed=0, channel=channel)
+        assert np.all(np.isfinite(result.distances))
+        transcripts.append([(m.kind, m.sender, getattr(getattr(m, "measure", None), "n", None))
+                            for m in channel.received_by(SERVER)] + [p.releases for p in parties])
+    assert transcripts[0] == transcripts[1]
+
+
+def test_the_public_minimum_class_size_gives_small_classes_a_data_independent_covariance() -> None:
+    """By hand: y = [0, 1, 1, 1] — class 0's mean is its record and its s_y the public fallback 0; class 1 keeps
+    its own mean and unbiased standard deviation. With min_class_size = 4 class 1 (3 records) falls back as well;
+    with every class large enough it is augmented_measure."""
+    from otfed.privacy.dp_fedbary import dp_augmented_measure
+    y = np.array([0, 1, 1, 1])
+    got = dp_augmented_measure(LabelledData("a", ISSUE_X, y)).support
+    ones = ISSUE_X[1:, 0]
+    s1 = math.sqrt(sum((v - ones.mean()) ** 2 for v in ones) / 2)
+    np.testing.assert_allclose(got, [[0.0, 0.0, 0.0]] + [[v, ones.mean(), s1] for v in ones], rtol=1e-12)
+    strict = dp_augmented_measure(LabelledData("a", ISSUE_X, y), min_class_size=4).support
+    np.testing.assert_allclose(strict[:, 2], 0.0)
+    even = LabelledData("a", ISSUE_X, np.array([0, 0, 1, 1]))
+    np.testing.assert_allclose(dp_augmented_measure(even).support, augmented_measure(even).support, rtol=1e-14)
+    with pytest.raises(ConfigError, match="min_class_size"):
+        DPConfig(clip_radius=1.0, min_class_size=1)

@@ -17,6 +17,8 @@ ENTRY_POINTS = [
     ("otfed.privacy.attack", "attack_otdd"),
     ("otfed.privacy.attack", "attack_fedbary"),
     ("otfed.privacy.attack", "attack_experiment"),
+    ("otfed.privacy.attack", "dp_attack"),
+    ("otfed.privacy.accountant", "BudgetLedger"),
     ("otfed.privacy.membership", "membership_inference"),
 ]
 

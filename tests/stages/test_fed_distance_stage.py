@@ -56,7 +56,7 @@ def test_fed_distance_writes_reports_and_logs_them(feature_run: dict[str, Any], 
     assert "toy_time.png" not in {p.name for p in out.iterdir()}
     full = pd.read_csv(client.download_artifacts(runs[0].info.run_id, "timings/otdd_pairs.csv",
                                                  str(tmp_path)))
-    assert list(full.columns) == list(otdd.columns[:4]) + ["seconds_federated", "seconds_exact", "bytes", "messages"]
+    assert list(full.columns) == list(otdd.columns[:5]) + ["seconds_federated", "seconds_exact", "bytes", "messages"]
     assert (full.seconds_federated > 0).all() and (full.seconds_exact > 0).all()
     assert np.allclose(full.federated, otdd.federated, rtol=1e-9, atol=0)  # the same table, all its digits
     assert metrics["toy"]["seconds_exact_ot_total"] > 0  # MLflow metrics keep the total times

@@ -13,6 +13,7 @@ from otfed.errors import OTConvergenceError
 from otfed.ot import Measure, exact_plan
 from otfed.valuation import (budget_removal, calibrated_gradient, datum_values, dual_potential, flag_noisy,
                              flagged_removal, most_suspicious, random_removal, rank_by_value)
+from otfed.valuation.calibrated import solve_dual_potential
 
 
 def test_two_points_hand_case() -> None:
@@ -93,15 +94,22 @@ def test_sinkhorn_gradient_tends_to_the_unique_lp_one_as_eps_shrinks() -> None:
     assert errors[2] < 5e-3  # measured 1.2e-3 (ε·const: 6.7e-2, 1.0e-2 at eps_rel 0.1, 0.01)
 
 
-def test_sinkhorn_non_convergence_raises_once_without_pots_warning() -> None:
+def test_sinkhorn_non_convergence_raises_and_is_reported() -> None:
+    """A budget of 3 Newton steps at a tiny ε cannot converge: dual_potential raises, naming the remaining change;
+    solve_dual_potential and datum_values(with_convergence=True) return the potential with converged=False."""
     source, target, _ = _weighted_problem(40, 30, 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(OTConvergenceError, match=r"did not converge in 3 iterations \(marginal error"):
+        with pytest.raises(OTConvergenceError, match=r"did not converge in 3 Newton steps \(remaining change"):
             dual_potential(source, target, potential="sinkhorn", eps_rel=1e-3, max_iter=3)
     assert not [w for w in caught if "did not converge" in str(w.message)]
-    # converging at one of POT's checks (every 10th iteration) is accepted, the default tolerance included
-    assert np.all(np.isfinite(dual_potential(source, target, potential="sinkhorn")))
+    report = solve_dual_potential(source, target, eps_rel=1e-3, max_iter=3).convergence
+    assert (report.iterations, report.converged) == (3, False) and report.criterion > report.tol
+    _, report = datum_values(source, target, eps_rel=1e-3, max_iter=3, with_convergence=True)
+    assert not report.converged
+    # the default settings converge, and say so
+    _, report = datum_values(source, target, with_convergence=True)
+    assert report.converged and report.criterion <= report.tol == 1e-9 and report.potential == "sinkhorn"
     with pytest.raises(ValueError, match="eps_rel"):
         dual_potential(source, target, potential="sinkhorn", eps_rel=0.0)
 
