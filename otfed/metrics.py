@@ -25,6 +25,34 @@ def mean_confidence_interval(values, level: float = 0.95) -> tuple[float, float]
     return float(x.mean()), half
 
 
+def bonferroni_interval(mean, low, high, dof, family: int, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Student-t intervals at ``level`` (mean ± t_{(1+level)/2, dof} · se, e.g. :func:`mean_confidence_interval`)
+    widened to hold *simultaneously*: each at 1 − (1 − level)/``family`` (Bonferroni), so that all ``family``
+    intervals of a table cover their means together with probability ≥ ``level`` — the correction a table of
+    many intervals needs before any one of them is read as a finding. The half-width scales by
+    t_{1 − (1 − level)/(2·family), dof} / t_{(1+level)/2, dof}. Element-wise over arrays; NaN stays NaN.
+
+    Returns:
+        ``(low, high)`` of the simultaneous intervals.
+
+    >>> low, high = bonferroni_interval(0.5, 0.4, 0.6, dof=19, family=1)
+    >>> float(low), float(high)
+    (0.4, 0.6)
+    >>> low, high = bonferroni_interval(0.5, 0.4, 0.6, dof=19, family=10)
+    >>> bool(low < 0.4 and high > 0.6)
+    True
+    """
+    if family < 1:
+        raise ValueError(f"family must count at least one interval, got {family}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    from scipy.stats import t as student_t
+
+    mean, low, high, dof = (np.asarray(v, dtype=np.float64) for v in (mean, low, high, dof))
+    scale = student_t.ppf(1.0 - (1.0 - level) / (2.0 * family), dof) / student_t.ppf(0.5 + level / 2.0, dof)
+    return mean - (mean - low) * scale, mean + (high - mean) * scale
+
+
 def adjusted_rand_index(labels_true: np.ndarray, labels_pred: np.ndarray) -> float:
     """ARI between a clustering and the true groups (1 = identical partitions, ≈0 = chance)."""
     from sklearn.metrics import adjusted_rand_score

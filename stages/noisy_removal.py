@@ -2,8 +2,9 @@
 
 5 clients with planted noise; the server holds a validation set (FedBary's target Q) and a test set.
 Each client computes its datum values locally (calibrated gradients against η_{Q_i}, eq. 10) and drops data
-by the paper's rule (g > 0) or by a budget the server picks on its validation set; FedAvg is trained on all
-data and on what is kept — with oracle and random removal for reference. One job per (noisy federation,
+by the paper's rule (g > 0), by a budget the server picks on its validation set, or by a threshold calibrated on
+clean server data for a stated false-positive rate α (a second session, :func:`~otfed.federation.fedbary.calibrated_detection`);
+FedAvg is trained on all data and on what is kept — with oracle and random removal for reference. One job per (noisy federation,
 seed); the report gives mean ± 95% CI over the seeds.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pydantic import Field, field_validator
 from otfed.data.parties import FeatureProjection, client_sets, n_classes_of, server_split
 from otfed.data.store import load_federation
 from otfed.device import stage_device, threads_for
-from otfed.federation.fedbary import FedBaryConfig, federated_valuation
+from otfed.errors import ConfigError
+from otfed.federation.fedbary import FedBaryConfig, calibrated_detection, federated_valuation
 from otfed.figures import valuation as figs
 from otfed.fl import FedAvgConfig, evaluate, fedavg_state
 from otfed.metrics import mean_confidence_interval
@@ -49,6 +51,11 @@ class NoisyRemovalParams(FeatureProjection):
     budgets: list[float] = Field([0.0, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3], min_length=1,
                                  description="Candidate shares of its data every client drops (largest g first); "
                                  "the server keeps the one whose FedAvg scores best on its validation set.")
+    alpha: float | None = Field(0.05, gt=0.0, lt=1.0, description="Calibrated rule: the targeted false-positive rate "
+                                "per clean datum (split-conformal threshold on the calibration part of the validation "
+                                "set); null: no calibrated rule (a validation set too small to split).")
+    calibration_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="Calibrated rule: the validation set's "
+                                        "share (every class) that calibrates the threshold; the rest is Q.")
     seeds: int = Field(3, ge=1, le=100, description="Repeats with seeds seed … seed+seeds−1 (FedBary's draws, FedAvg's "
                        "initialisation, the random removal): accuracies as mean ± 95% CI.")
     fedbary: FedBaryConfig = FedBaryConfig()
@@ -80,11 +87,23 @@ def preflight(p: Params) -> None:
     """Every federation read holds what the partition format declares (labels, client indices, lengths,
     shapes, the manifest's sizes) and finite features (every client values its data: none can be left
     out) and within the float32 bound, and its projection fits it
-    (:meth:`~otfed.data.parties.FeatureProjection.check_fits`) — before any server starts (DataError /
+    (:meth:`~otfed.data.parties.FeatureProjection.check_fits`) and its validation rows hold ≥ 4 of every class
+    (the calibrated rule splits them) — before any server starts (DataError /
     DegenerateClientError naming the file, ConfigError naming the key, otherwise)."""
-    for name in p.noisy_removal.federations:
+    nr = p.noisy_removal
+    for name in nr.federations:
         fed = load_federation(name, layout.PARTITIONS, require_finite=True)
-        p.noisy_removal.check_fits(fed, Path(layout.PARTITIONS) / f"{name}.npz", "noisy_removal")
+        nr.check_fits(fed, Path(layout.PARTITIONS) / f"{name}.npz", "noisy_removal")
+        if nr.alpha is None:
+            continue
+        # the calibrated rule splits every class of the validation set, ≥ 2 rows on each side
+        labels, counts = np.unique(server_split(fed, nr.validation_samples)[0].y, return_counts=True)
+        if counts.min() < 4:
+            raise ConfigError(f"noisy_removal.validation_samples: {nr.validation_samples} rows of {name!r}'s test "
+                              f"split hold {counts.min()} of class {labels[counts.argmin()].item()!r}; the calibrated "
+                              "rule splits every class into Q and calibration rows and needs ≥ 4 per class (or set "
+                              "noisy_removal.alpha: null)",
+                              keys=("noisy_removal.validation_samples",))
 
 
 # -------------------------------------------------------------------------------------------- jobs
@@ -101,7 +120,8 @@ def jobs(p: Params, dirs: Mapping[str, Path]) -> list[Job]:
             out.append(Job(f"noisy-removal {name} seed {s}", removal_experiment, dict(
                 name=name, clients=client_sets(fed), noisy=[fed.corrupted[fed.rows(k)] for k in range(fed.n_clients)],
                 validation=validation, test=test, config=nr.fedbary, fedavg=nr.fedavg,
-                max_remove_fraction=nr.max_remove_fraction, budgets=nr.budgets, seed=s, device=device),
+                max_remove_fraction=nr.max_remove_fraction, budgets=nr.budgets, alpha=nr.alpha,
+                calibration_fraction=nr.calibration_fraction, seed=s, device=device),
                 key=("removal", name, s)))
     return out
 
@@ -116,13 +136,19 @@ class Removal(NamedTuple):
 
 def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.ndarray], validation: LabelledData,
                        test: tuple[np.ndarray, np.ndarray], config: FedBaryConfig, fedavg: FedAvgConfig,
-                       max_remove_fraction: float, budgets: Sequence[float], seed: int, device: str) -> Removal:
+                       max_remove_fraction: float, budgets: Sequence[float], alpha: float | None,
+                       calibration_fraction: float, seed: int, device: str) -> Removal:
     """FedBary table 4 for one federation and seed. FedBary runs with the server's validation set as Q;
     each client computes its calibrated gradients g (eq. 10) locally and drops data by one of two rules:
 
     * ``flagged`` — the paper's rule: every datum with g > 0 (at most ``max_remove_fraction`` of its data);
     * ``budget`` — the b largest-g share of its data, b ∈ ``budgets``; the server picks b by the FedAvg
-      accuracy on its *validation* set (ties → the smaller b), never by the test set.
+      accuracy on its *validation* set (ties → the smaller b), never by the test set;
+    * ``calibrated`` — every datum whose standardised g exceeds the split-conformal (1 − ``alpha``) threshold (at most
+      ``max_remove_fraction`` of its data), from a second session (:func:`calibrated_detection`): Q = the
+      reference part of the validation set, its calibration part (``calibration_fraction``) one more clean
+      party whose values set the threshold. Its measured false-positive rate (flagged clean rows / clean rows,
+      and on the clients without planted noise) is reported next to α, and the g > 0 rule's next to it.
 
     FedAvg (on ``device``) is trained on all data and on what each rule keeps; accuracies are on the
     server's test set. References: dropping exactly the noisy data (oracle) and as many random data per
@@ -165,6 +191,17 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
     acc = {key: accuracies(masks)[1] for key, masks in (("flagged", flagged), ("oracle", noisy),
                                                        ("random", random_masks))}
     acc["budget"] = best["test_accuracy"]
+    start = time.perf_counter()
+    det = None if alpha is None else calibrated_detection(
+        clients, config, validation, alpha=alpha, calibration_fraction=calibration_fraction, seed=seed,
+        potential=config.potential)
+    calibrated_seconds = time.perf_counter() - start
+    # without the calibrated rule (alpha null): nothing flagged, its accuracy and rates nan
+    cal_flags = [np.zeros(len(g), dtype=bool) if det is None else det.flags[c.name] for c, g in zip(clients, values)]
+    calibrated = [np.zeros(len(g), dtype=bool) if det is None else
+                  flagged_removal(det.scores[c.name], max_remove_fraction, det.threshold)
+                  for c, g in zip(clients, values)]
+    acc["calibrated"] = float("nan") if det is None else accuracies(calibrated)[1]
     # nothing removed: budget 0's model when it is a candidate (the same training), else trained here
     acc["before"] = next((r["test_accuracy"] for r in budget_rows if r["budget"] == 0.0), None)
     if acc["before"] is None:
@@ -173,29 +210,55 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
     client_rows = []
     for k, (c, bad, g) in enumerate(zip(clients, noisy, values)):
         client_rows.append(dict(federation=name, seed=seed, client=c.name, n=len(g), noisy=int(bad.sum()),
-                                flagged=int(flag_noisy(g).sum()), removed_flagged=int(flagged[k].sum()),
+                                flagged=int(flag_noisy(g).sum()), flagged_noisy=int((flag_noisy(g) & bad).sum()),
+                                removed_flagged=int(flagged[k].sum()),
                                 removed_flagged_noisy=int((flagged[k] & bad).sum()),
                                 removed_budget=int(chosen[k].sum()), removed_budget_noisy=int((chosen[k] & bad).sum()),
+                                flagged_calibrated=int(cal_flags[k].sum()),
+                                flagged_calibrated_noisy=int((cal_flags[k] & bad).sum()),
+                                removed_calibrated=int(calibrated[k].sum()),
+                                removed_calibrated_noisy=int((calibrated[k] & bad).sum()),
                                 noisy_in_top_noisy=int(bad[most_suspicious(g, int(bad.sum()))].sum()),
                                 contribution_percent=float(res.contributions[k])))
 
     n_flagged, flagged_noisy = removed(flagged)
     n_budget, budget_noisy = removed(chosen)
+    n_calibrated, calibrated_noisy = removed(calibrated)
+    clean_rows = int((~all_noisy).sum())
+    clean_clients = [k for k, bad in enumerate(noisy) if not bad.any()]
+
+    def fpr(masks: Sequence[np.ndarray], ks: Sequence[int]) -> float:
+        """Flagged clean rows / clean rows over the clients ``ks`` (nan without any)."""
+        rows = sum(int((~noisy[k]).sum()) for k in ks)
+        return sum(int((masks[k] & ~noisy[k]).sum()) for k in ks) / rows if rows else float("nan")
+
+    g_flags = [flag_noisy(g) for g in values]
+    everyone = range(len(clients))
     summary = dict(federation=name, seed=seed, n_train=int(len(all_noisy)), noisy=int(all_noisy.sum()),
                    auc=detection_auc(np.concatenate(values), all_noisy),
                    removed_flagged=n_flagged, removed_flagged_noisy=flagged_noisy,
                    precision_flagged=flagged_noisy / n_flagged if n_flagged else 0.0,
                    recall_flagged=flagged_noisy / all_noisy.sum() if all_noisy.sum() else 0.0,
                    budget=best["budget"], removed_budget=n_budget, removed_budget_noisy=budget_noisy,
+                   alpha=float("nan") if alpha is None else alpha,
+                   threshold_calibrated=float("nan") if det is None else det.threshold, removed_calibrated=n_calibrated,
+                   removed_calibrated_noisy=calibrated_noisy,
+                   precision_calibrated=calibrated_noisy / n_calibrated if n_calibrated else 0.0,
+                   recall_calibrated=calibrated_noisy / all_noisy.sum() if all_noisy.sum() else 0.0,
+                   fpr_flagged=fpr(g_flags, everyone), fpr_calibrated=float("nan") if det is None else fpr(cal_flags, everyone),
+                   fpr_flagged_clean_clients=fpr(g_flags, clean_clients),
+                   fpr_calibrated_clean_clients=float("nan") if det is None else fpr(cal_flags, clean_clients),
+                   clean_rows=clean_rows,
                    accuracy_before=acc["before"], accuracy_flagged=acc["flagged"], accuracy_budget=acc["budget"],
+                   accuracy_calibrated=acc["calibrated"],
                    accuracy_oracle_removal=acc["oracle"], accuracy_random_removal=acc["random"],
-                   fedbary_seconds=fedbary_seconds)
+                   fedbary_seconds=fedbary_seconds, calibrated_seconds=calibrated_seconds)
     return Removal(summary, client_rows, budget_rows)
 
 
 # ------------------------------------------------------------------------------------------ report
-ACCURACIES = ("accuracy_before", "accuracy_flagged", "accuracy_budget", "accuracy_oracle_removal",
-              "accuracy_random_removal")
+ACCURACIES = ("accuracy_before", "accuracy_flagged", "accuracy_budget", "accuracy_calibrated",
+              "accuracy_oracle_removal", "accuracy_random_removal")
 
 
 def seed_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -206,13 +269,17 @@ def seed_summary(table: pd.DataFrame) -> pd.DataFrame:
         row: dict[str, Any] = dict(federation=name, seeds=len(sub))
         cols = {c: sub[c].to_numpy(dtype=np.float64) for c in (*ACCURACIES, "auc", "budget", "removed_flagged",
                                                                 "removed_flagged_noisy", "removed_budget",
-                                                                "removed_budget_noisy")}
+                                                                "removed_budget_noisy", "removed_calibrated",
+                                                                "removed_calibrated_noisy", "fpr_flagged",
+                                                                "fpr_calibrated", "fpr_flagged_clean_clients",
+                                                                "fpr_calibrated_clean_clients")}
         before = cols["accuracy_before"]
         for c in ACCURACIES[1:]:
             cols[f"gain_{c.removeprefix('accuracy_')}"] = cols[c] - before
         for c, v in cols.items():
             row[c], row[f"{c}_ci95"] = mean_confidence_interval(v)
         row["noisy"] = int(sub.noisy.iloc[0])
+        row["alpha"] = float(sub.alpha.iloc[0])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -242,4 +309,5 @@ def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -
 STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check, preflight=preflight, inputs=inputs,
               headline=("*.accuracy_before", "*.accuracy_flagged", "*.accuracy_budget",  # table 4
                         "*.accuracy_oracle_removal", "*.gain_budget", "*.gain_budget_ci95", "*.auc",
-                        "*.removed_budget", "*.removed_budget_noisy"))
+                        "*.removed_budget", "*.removed_budget_noisy", "*.accuracy_calibrated",
+                        "*.fpr_calibrated", "*.fpr_calibrated_clean_clients", "*.fpr_flagged"))

@@ -23,12 +23,15 @@ flipped to another class, clients 1–3 are clean. Per seed, FedBary with the se
 datum values g; the rules
 
 * ``g > 0`` — FedBary's (:func:`~otfed.valuation.calibrated.flag_noisy`);
-* ``calibrated α`` — :func:`~otfed.valuation.calibrated.calibrated_threshold`: the server splits its validation
+* ``calibrated α`` — :func:`~otfed.federation.fedbary.calibrated_detection`: the server splits its validation
   set (stratified) into a reference half (Q) and a calibration half, runs the calibration half through the same
   session as one more (clean) client, and flags a client's datum when its value exceeds the conformal (1 − α)
-  quantile of the calibration half's values (α = 0.05, 0.10).
+  quantile of the calibration half's values (α = 0.05, 0.10; one session, both thresholds) — ``score="raw"``;
+* ``calibrated α, standardised`` — the same on each party's values standardised, (g − mean) / std: the default
+  ``score`` of :func:`~otfed.federation.fedbary.calibrated_detection`.
 
-Reported per rule over the seeds: the false-positive rate on the clean clients' rows (flagged / rows), the
+Reported per rule over the seeds: the false-positive rate on the clean clients' rows (flagged / rows) and on the
+worst clean client of each seed, the
 true-positive rate on the noisy clients' flipped rows and the false-positive rate on their unflipped rows, as
 mean ± 95% CI (Student t over seeds), and the ROC AUC of g on the noisy clients.
 
@@ -37,7 +40,13 @@ mean ± 95% CI (Student t over seeds), and the ROC AUC of g on the noisy clients
     python -m studies.datum_values --part detection --seeds 10
     python -m studies.datum_values --part detection --seeds 6 --separation 1.5     # overlapping classes
     python -m studies.datum_values --part detection --seeds 6 --calibration-fraction 0.25   # 75 calibration rows
-Results: reports/studies/datum_values_convergence.csv, datum_values_detection.csv, datum_values.md (a variant's
+    python -m studies.datum_values --part regime --seeds 5
+
+Part ``regime``: the same rules on small parties (6 × 60 rows, 4-D, 3 classes 4 apart, the server's 90 rows), with
+every party's class proportions the same (``balanced``) or drawn row by row (``random``), at S = 20 and S = 60; and
+every calibrated rule also on per-party standardised values ((g − mean) / std).
+Results: reports/studies/datum_values_convergence.csv, datum_values_detection.csv, datum_values_regime.csv,
+datum_values.md (a variant's
 detection table: datum_values_detection_sep…_val…_cal….csv, and printed).
 """
 from __future__ import annotations
@@ -56,11 +65,12 @@ import yaml
 from otfed.data.parties import client_sets, project_federation, server_split
 from otfed.data.store import load_federation
 from otfed.federation import LabelledData
-from otfed.federation.fedbary import BaryClient, BaryServer, FedBaryConfig, fedbary, validation_target
+from otfed.federation.fedbary import (BaryClient, BaryServer, FedBaryConfig, calibrated_detection, fedbary,
+                                      validation_target)
 from otfed.metrics import mean_confidence_interval
 from otfed.ot import Measure, cost_matrix
 from otfed.valuation.calibrated import calibrated_gradient, calibrated_threshold, datum_values, flag_noisy
-from otfed.valuation.detection import detection_auc, split_validation
+from otfed.valuation.detection import detection_auc
 
 OUT = Path("reports/studies")
 NAME = "datum_values"
@@ -138,21 +148,27 @@ def convergence(params: str, stage_clients: int) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------- detection
-def gaussian_classes(rng: np.random.Generator, means: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    y = np.arange(n) % len(means)
+def gaussian_classes(rng: np.random.Generator, means: np.ndarray, n: int,
+                     proportions: str = "balanced") -> tuple[np.ndarray, np.ndarray]:
+    """n rows of unit-variance Gaussian classes; ``balanced``: classes in turn (every party the same proportions),
+    ``random``: each row's class drawn uniformly (proportions vary from party to party)."""
+    y = np.arange(n) % len(means) if proportions == "balanced" else rng.integers(0, len(means), n)
     return means[y] + rng.standard_normal((n, means.shape[1])), y
 
 
 def detection_seed(seed: int, alphas: tuple[float, ...], flip: float = 0.4, n_clients: int = 6, n: int = 150,
                    d: int = 8, classes: int = 3, validation_rows: int = 300, separation: float = 3.0,
-                   calibration_fraction: float = 0.5) -> list[dict[str, Any]]:
+                   calibration_fraction: float = 0.5, support: int = 50, proportions: str = "balanced",
+                   standardised: bool = False) -> list[dict[str, Any]]:
     """One seed of the detection setting (module docstring): a row per (rule, client kind). ``separation``: the
-    class means' distance from the origin (orthogonal directions)."""
+    class means' distance from the origin (orthogonal directions); ``support``: FedBary's S; ``proportions``: as
+    :func:`gaussian_classes`; ``standardised``: also the calibrated rules on each party's values standardised
+    ((g − mean) / std within the party)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 34]))
     means = separation * np.linalg.qr(rng.standard_normal((d, classes)))[0].T
     datasets, flipped = [], []
     for k in range(n_clients):
-        x, y = gaussian_classes(rng, means, n)
+        x, y = gaussian_classes(rng, means, n, proportions)
         bad = np.zeros(n, dtype=bool)
         if k >= n_clients // 2:
             bad[rng.choice(n, int(round(flip * n)), replace=False)] = True
@@ -160,16 +176,18 @@ def detection_seed(seed: int, alphas: tuple[float, ...], flip: float = 0.4, n_cl
             y[bad] = (y[bad] + rng.integers(1, classes, bad.sum())) % classes
         datasets.append(LabelledData(f"client_{k}", x, y))
         flipped.append(bad)
-    validation = LabelledData("validation", *gaussian_classes(rng, means, validation_rows))
-    reference, calibration = split_validation(validation, calibration_fraction, seed)
-    config = FedBaryConfig(support_size=50, iterations=10)
-    parties = session_parties([*datasets, calibration], config, reference, seed)
-    values = [c.datum_values() for c in parties]
-    g, cal = values[:-1], values[-1]
+    validation = LabelledData("validation", *gaussian_classes(rng, means, validation_rows, proportions))
+    # the library's rule (calibrated_detection): the same session gives g > 0's values and every α's threshold
+    det = calibrated_detection(datasets, FedBaryConfig(support_size=support, iterations=10), validation,
+                               alpha=alphas[0], calibration_fraction=calibration_fraction, seed=seed)
+    g = [det.values[d.name] for d in datasets]
     rules: dict[str, list[np.ndarray]] = {"g > 0": [flag_noisy(v) for v in g]}
     for alpha in alphas:
-        tau = calibrated_threshold(cal, alpha)
+        tau = calibrated_threshold(det.calibration_values, alpha)
         rules[f"calibrated α = {alpha:g}"] = [v > tau for v in g]
+        if standardised:
+            tau = calibrated_threshold(standardise(det.calibration_values), alpha)
+            rules[f"calibrated α = {alpha:g}, standardised"] = [standardise(v) > tau for v in g]
     noisy_g = np.concatenate(g[n_clients // 2:])
     noisy_mask = np.concatenate(flipped[n_clients // 2:])
     auc = detection_auc(noisy_g, noisy_mask)
@@ -178,17 +196,41 @@ def detection_seed(seed: int, alphas: tuple[float, ...], flip: float = 0.4, n_cl
         clean = np.concatenate(flags[:n_clients // 2])
         noisy_flags = np.concatenate(flags[n_clients // 2:])
         rows.append(dict(seed=seed, rule=rule, fpr_clean_clients=float(clean.mean()),
+                         fpr_worst_clean_client=float(max(f.mean() for f in flags[:n_clients // 2])),
                          tpr_noisy_rows=float(noisy_flags[noisy_mask].mean()),
                          fpr_noisy_clients_clean_rows=float(noisy_flags[~noisy_mask].mean()),
                          flagged_clean_client_0=int(flags[0].sum()), auc_noisy_clients=auc))
     return rows
 
 
+def standardise(values: np.ndarray) -> np.ndarray:
+    """(g − mean g) / std g within one party: a scale-free score (eq. 10's values are already centred)."""
+    return (values - values.mean()) / values.std()
+
+
+REGIME = dict(d=4, n=60, validation_rows=90, separation=2.0 * np.sqrt(2.0), n_clients=6)
+
+
+def regime(seeds: int) -> pd.DataFrame:
+    """The calibrated rule outside the detection setting's comfort: small parties (6 × 60 rows, 4-D, 3 classes, the
+    server's 90 rows, 45 of them for calibration), class proportions the same for every party or drawn per row,
+    S = 20 (a third of a client) or 60 (a client's size); each with the per-party standardised variant."""
+    rows = []
+    for proportions in ("balanced", "random"):
+        for support in (20, 60):
+            for seed in range(seeds):
+                for r in detection_seed(seed, (0.05, 0.10), support=support, proportions=proportions,
+                                        standardised=True, **REGIME):
+                    rows.append(dict(proportions=proportions, support=support) | r)
+    return pd.DataFrame(rows)
+
+
 def summary(table: pd.DataFrame) -> pd.DataFrame:
     out = []
-    for rule, sub in table.groupby("rule", sort=False):
-        row: dict[str, Any] = dict(rule=rule, seeds=len(sub))
-        for c in ("fpr_clean_clients", "tpr_noisy_rows", "fpr_noisy_clients_clean_rows", "auc_noisy_clients"):
+    keys = [k for k in ("proportions", "support") if k in table] + ["rule"]
+    for key, sub in table.groupby(keys, sort=False):
+        row: dict[str, Any] = dict(zip(keys, key if isinstance(key, tuple) else (key,))) | dict(seeds=len(sub))
+        for c in ("fpr_clean_clients", "fpr_worst_clean_client", "tpr_noisy_rows", "fpr_noisy_clients_clean_rows", "auc_noisy_clients"):
             row[c], row[f"{c}_ci95"] = mean_confidence_interval(sub[c].to_numpy(dtype=np.float64))
         out.append(row)
     return pd.DataFrame(out)
@@ -196,7 +238,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "convergence", "detection"), default="all")
+    ap.add_argument("--part", choices=("all", "convergence", "detection", "regime"), default="all")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--stage-clients", type=int, default=1, help="stage-sized clients that get the slow reference")
     ap.add_argument("--seeds", type=int, default=10)
@@ -215,9 +257,16 @@ def main(argv: list[str] | None = None) -> int:
         conv.to_csv(OUT / f"{NAME}_convergence.csv", index=False)
         lines += ["## Convergence of the datum values", "", conv.to_markdown(index=False, floatfmt=".3g"), ""]
     if args.part in ("all", "detection"):
-        table = pd.DataFrame([r for s in range(args.seeds) for r in detection_seed(s, (0.05, 0.10), **setting)])
+        table = pd.DataFrame([r for s in range(args.seeds)
+                              for r in detection_seed(s, (0.05, 0.10), standardised=True, **setting)])
         table.to_csv(OUT / f"{NAME}_detection{tag}.csv", index=False)
         lines += ["## False- and true-positive rates of the flagging rules", "", f"Setting: {setting}", "",
+                  summary(table).to_markdown(index=False, floatfmt=".3f"), ""]
+    if args.part in ("all", "regime"):
+        table = regime(min(args.seeds, 5))
+        table.to_csv(OUT / f"{NAME}_regime.csv", index=False)
+        lines += ["## The calibrated rule's regime: class proportions and support size", "",
+                  f"Setting: {REGIME}, FedBary K = 10, {min(args.seeds, 5)} seeds", "",
                   summary(table).to_markdown(index=False, floatfmt=".3f"), ""]
     if args.part == "all":
         (OUT / f"{NAME}.md").write_text("\n".join(lines))

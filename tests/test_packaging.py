@@ -112,6 +112,36 @@ def test_every_extra_pins_what_the_lock_pins() -> None:
     assert not problems, "\n".join(problems)
 
 
+
+def test_the_conformance_side_install_pins_exact_versions_outside_the_lock() -> None:
+    """requirements-conformance.txt (pyDVL and OpenDataVal for the adapter tests) goes in with ``pip install
+    --no-deps --target .venv/conformance``: nothing resolves it, so every line is ``name==version``; no package of
+    the lock is in it (the locked one would win on sys.path, so a copy there is dead weight or a second version);
+    and ``make test`` builds it with exactly that command before the tests, which then require it."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lock = _lock()
+    problems, names = [], set()
+    for line in (REPO / "requirements-conformance.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        requirement = Requirement(line)
+        specs = list(requirement.specifier)
+        names.add(canonicalize_name(requirement.name))
+        if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version or requirement.marker \
+                or requirement.extras or requirement.url:
+            problems.append(f"{line}: not an exact pin (name==version)")
+        if canonicalize_name(requirement.name) in lock:
+            problems.append(f"{line}: requirements.lock pins {requirement.name}=={lock[canonicalize_name(requirement.name)]}")
+    assert not problems, "\n".join(problems)
+    assert {"pydvl", "opendataval"} <= names
+    makefile = (REPO / "Makefile").read_text()
+    assert "pip install -q --no-deps --target $(CONFORMANCE) -r requirements-conformance.txt" in makefile
+    assert "test: setup conformance" in makefile and "test: export OTFED_REQUIRE_CONFORMANCE := 1" in makefile
+
+
 def test_the_bias_estimate_needs_no_tqdm() -> None:
     """otfed.distill.bias imports tqdm only to show a bar: with tqdm unimportable (torch then goes without it too)
     the probability bias of a model that always answers label 1 is (0, 1, 0), its exact value."""

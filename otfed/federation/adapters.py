@@ -16,11 +16,35 @@ an OpenDataVal ``DataEvaluator`` for datum values.
 pandas, pyDVL and OpenDataVal are imported only when these functions run: the core install needs none of them.
 pandas comes with the ``text`` and ``valuation`` extras. pyDVL and OpenDataVal are not extras: the newest releases
 on PyPI (pyDVL 0.10.0, OpenDataVal 1.3.0) declare ``numpy<2`` and ``numpy<1.26, pandas<2, torch~=2.1``, so pip
-cannot install either next to otfed's numpy 2.4 and torch 2.13. :func:`to_pydvl` needs only pyDVL's
-``ValuationResult``; tests/federation/test_adapters.py runs against pyDVL itself wherever it is importable.
+cannot resolve either next to otfed's numpy 2.4, pandas 3.1 and torch 2.13. Their code runs with those pins all the
+same; install them beside otfed's packages without their declared dependencies, as ``make test`` does::
+
+    pip install --no-deps --target .venv/conformance -r requirements-conformance.txt
+
+and put that folder at the *end* of ``sys.path`` (``PYTHONPATH=.venv/conformance``, or ``sys.path.append``), so that
+otfed's pinned packages come first. ``requirements-conformance.txt`` pins pyDVL 0.10.0, OpenDataVal 1.3.0 and the
+four modules their imports need that otfed's lock lacks (pyDeprecate, more-itertools, cvxpy, qdldl). The caveat of
+``--no-deps``: pip checks nothing — the libraries run against versions they never declared, and only what the
+tests exercise is known to work (tests/federation/test_adapters.py: pyDVL's own running moments and sums,
+OpenDataVal's ``DataFetcher`` → ``train`` → ``noisy_detection``).
+
+OpenDataVal 1.3.0 does not import as published next to otfed's pins, for two reasons outside the evaluator's path;
+:func:`opendataval_evaluator` imports it with both accommodated:
+
+* its LAVA evaluator imports ``geomloss.utils``, which geomloss 0.3 moved to ``geomloss._legacy.utils`` (the same
+  functions): the adapter makes the old name point to them;
+* its package import registers its image data sets, which import torchvision at once. PyPI's torchvision wheels are
+  built against PyPI's CUDA torch and do not load next to a CPU build of torch 2.13.0 (the one otfed's CPU install
+  uses): where torchvision is not installed, the adapter imports OpenDataVal without its image data sets (an
+  empty ``opendataval.dataloader.datasets.imagesets``). With torch from PyPI, ``pip install --no-deps
+  torchvision==0.28.0`` (the release built for torch 2.13.0) brings them back.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
+import types
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -123,6 +147,12 @@ def to_pydvl(result: FedBaryResult, algorithm: str = "otfed.FedBary") -> Any:
     in pyDVL's sense (the run finished: pyDVL knows Pending, Converged and Failed) — FedBary stops after its fixed
     K rounds, not on a convergence test, so how far the shares can be read is the spread's to say.
 
+    This is the result pyDVL's own samplers would hand back had they fed each run's shares to its
+    ``LogResultUpdater`` (running moments, unbiased variance): values, variances and counts agree to rounding
+    (tests/federation/test_adapters.py). pyDVL's ``+`` pools two results' means and counts exactly but combines their
+    variances as population (ddof = 0) variances, so a sum's variances are pyDVL's approximation, not the pooled
+    runs' sample variance.
+
     Raises ImportError naming the conflict when pyDVL is not importable.
 
     Parameters:
@@ -137,8 +167,9 @@ def to_pydvl(result: FedBaryResult, algorithm: str = "otfed.FedBary") -> Any:
         from pydvl.valuation.result import ValuationResult
     except ImportError as exc:
         raise ImportError(f"to_pydvl needs pyDVL (written against {PYDVL_VERSION}, pydvl.valuation.result). Its "
-                          f"PyPI releases declare numpy<2, which otfed's numpy 2.4 pin excludes: install it in an "
-                          f"environment of its own or without its numpy constraint") from exc
+                          f"PyPI releases declare numpy<2, which otfed's numpy 2.4 pin excludes: pip install "
+                          f"--no-deps --target .venv/conformance -r requirements-conformance.txt and append that "
+                          f"folder to sys.path (otfed.federation.adapters says why)") from exc
     names = np.asarray(list(result.names))
     if result.spread is not None:
         values = np.asarray(result.spread.mean, dtype=np.float64)
@@ -234,7 +265,7 @@ class FedBaryDataValues:
 
 
 def _features(x: Any, name: str) -> np.ndarray:
-    array = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+    array = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
     if array.ndim != 2:
         raise ValueError(f"{name} must be an (n, d) table of features, got shape {array.shape}")
     return array
@@ -250,17 +281,54 @@ def _labels(y: Any, name: str) -> np.ndarray:
     return array
 
 
+def _opendataval_api() -> types.ModuleType:
+    """``opendataval.dataval.api``, imported next to otfed's pins (see the module's docstring): ``geomloss.utils``
+    pointed to geomloss 0.3's ``geomloss._legacy.utils`` where only that exists, and, where torchvision is not
+    installed, an empty ``opendataval.dataloader.datasets.imagesets`` in place of the image data sets. ImportError,
+    naming the cause, when OpenDataVal is not installed or still does not import."""
+    if importlib.util.find_spec("opendataval") is None:
+        raise ImportError("opendataval_evaluator needs OpenDataVal; its PyPI release 1.3.0 declares numpy<1.26, "
+                          "pandas<2 and torch~=2.1, which otfed's pins exclude: pip install --no-deps --target "
+                          ".venv/conformance -r requirements-conformance.txt and append that folder to sys.path "
+                          "(FedBaryDataValues implements the same protocol without it)")
+    try:
+        import geomloss
+    except ImportError:  # LAVA's import then fails as published: nothing to point
+        geomloss = None
+    if geomloss is not None and not hasattr(geomloss, "utils") and importlib.util.find_spec("geomloss.utils") is None:
+        from geomloss._legacy import utils as legacy_utils   # geomloss 0.3's home of 0.2's geomloss.utils
+
+        sys.modules["geomloss.utils"] = legacy_utils
+        geomloss.utils = legacy_utils
+    images = "opendataval.dataloader.datasets.imagesets"
+    if importlib.util.find_spec("torchvision") is None and images not in sys.modules:
+        sys.modules[images] = types.ModuleType(images, "OpenDataVal's image data sets: left out, torchvision is "
+                                                       "not installed (otfed.federation.adapters)")
+    try:
+        from opendataval.dataval import api
+    except (ImportError, RuntimeError, AttributeError) as exc:   # torchvision built for another torch: RuntimeError
+        raise ImportError(f"OpenDataVal is installed but does not import next to otfed's pins: {exc!r}") from exc
+    return api
+
+
+@functools.cache
+def _evaluator_class() -> type:
+    """FedBaryDataValues mixed into OpenDataVal's ``DataEvaluator`` and ``ModelLessMixin``: one class per process,
+    so that ``DataEvaluator.Evaluators["fedbaryevaluator"]`` (OpenDataVal's registry) names it once."""
+    api = _opendataval_api()
+    return type("FedBaryEvaluator", (FedBaryDataValues, api.DataEvaluator, api.ModelLessMixin),
+                {"__doc__": FedBaryDataValues.__doc__, "__module__": __name__, "__qualname__": "FedBaryEvaluator",
+                 "data_values": FedBaryDataValues.data_values})
+
+
 def opendataval_evaluator(**kwargs: Any) -> Any:
     """A :class:`FedBaryDataValues` that IS an OpenDataVal ``DataEvaluator`` (and ``ModelLessMixin``: no
-    prediction model), built on OpenDataVal's own classes so that its experiments (``noisy_detection``,
-    ``remove_high_low``, …) take it; ``kwargs`` go to :class:`FedBaryDataValues`. Raises ImportError naming the
-    conflict when OpenDataVal is not importable."""
-    try:
-        from opendataval.dataval.api import DataEvaluator, ModelLessMixin
-    except ImportError as exc:
-        raise ImportError("opendataval_evaluator needs OpenDataVal; its PyPI release 1.3.0 declares numpy<1.26, "
-                          "pandas<2 and torch~=2.1, which otfed's pins exclude (FedBaryDataValues implements the "
-                          "same protocol without it)") from exc
-    cls = type("FedBaryEvaluator", (FedBaryDataValues, DataEvaluator, ModelLessMixin),
-               {"__doc__": FedBaryDataValues.__doc__, "data_values": FedBaryDataValues.data_values})
-    return cls(**kwargs)
+    prediction model), built on OpenDataVal's own classes so that its ``DataFetcher`` (``evaluator.train(fetcher)``)
+    and experiments (``noisy_detection``, ``discover_corrupted_sample``, …) take it; ``kwargs`` go to
+    :class:`FedBaryDataValues` (and ``random_state`` to OpenDataVal's ``DataEvaluator``). The class is made once
+    per process and registered in OpenDataVal's ``DataEvaluator.Evaluators`` as ``"fedbaryevaluator"``.
+
+    Raises ImportError naming the conflict when OpenDataVal is not importable; the module's docstring says how to
+    install it beside otfed's pins and what the import accommodates.
+    """
+    return _evaluator_class()(**kwargs)

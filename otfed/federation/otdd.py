@@ -43,7 +43,8 @@ from otfed.federation.fedwad import (FedWaDConfig, FedWaDResult, WassersteinClie
 from otfed.federation.ledger import Channel, Ledger
 from otfed.federation.messages import SERVER, MomentMessage
 from otfed.ot import Measure, measure_moments
-from otfed.ot.otdd import LabelledData, augment_with_label_stats, augmented_measure, class_statistics
+from otfed.ot.otdd import (ClassStats, LabelledData, augment_with_label_stats, augmented_measure, class_statistics,
+                           labelled_arrays)
 from otfed.schema import as_config
 
 
@@ -67,9 +68,12 @@ def bound_vectors(data: LabelledData, diagonal: bool = True) -> Measure:
     """
     if diagonal:
         return augmented_measure(data, diagonal=True)
-    augmented_measure(data, diagonal=False)  # the same checks and errors, naming the client
-    x, y = np.asarray(data.x, dtype=np.float64), np.asarray(data.y)
-    stats = class_statistics(x, y, diagonal=False, client=data.name)
+    x, y = labelled_arrays(data.x, data.y, data.name)  # the same checks and errors, naming the client
+    return _bound_vectors(x, y, class_statistics(x, y, diagonal=False, client=data.name))
+
+
+def _bound_vectors(x: np.ndarray, y: np.ndarray, stats: ClassStats) -> Measure:
+    """Full-covariance :func:`bound_vectors` from statistics already taken (one eigendecomposition per class)."""
     root_trace = np.sqrt(np.einsum("kij,kij->k", stats.sqrt_covs, stats.sqrt_covs))  # √tr Σ_c = ‖Σ_c^{1/2}‖_F
     plain = augment_with_label_stats(x, y, stats)[:, :2 * stats.dim]  # [x; m_y]
     return Measure.uniform(np.hstack([plain, root_trace[stats.index_of(y)][:, None]]))
@@ -82,8 +86,10 @@ class LabelledClient(WassersteinClient):
 
     def __init__(self, data: LabelledData, config: FedWaDConfig, rng: np.random.Generator,
                  diagonal: bool = True) -> None:
-        super().__init__(data.name, augmented_measure(data, diagonal), config, rng)
-        self._bound = None if diagonal else bound_vectors(data, diagonal=False)
+        x, y = labelled_arrays(data.x, data.y, data.name)
+        stats = class_statistics(x, y, diagonal=diagonal, client=data.name)  # once: the measure and the moments
+        super().__init__(data.name, Measure.uniform(augment_with_label_stats(x, y, stats)), config, rng)
+        self._bound = None if diagonal else _bound_vectors(x, y, stats)
 
     def moments(self) -> MomentMessage:
         """The mean and covariance (ddof = 0) of :func:`bound_vectors` — revealed to the server."""

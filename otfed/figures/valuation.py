@@ -114,12 +114,15 @@ def removal_curves_figure(curves: pd.DataFrame) -> plt.Figure:
 
 def removal_figure(summary: pd.DataFrame, budgets: pd.DataFrame | None = None) -> plt.Figure:
     """FedBary table 4: FedAvg test accuracy before removal, after the g > 0 rule, after the
-    validation-chosen budget, after oracle and random removal — means over seeds with 95% CI bars; and,
+    validation-chosen budget, after the calibrated threshold (when ``summary`` has it), after oracle and random removal — means over seeds with 95% CI bars; and,
     when ``budgets`` is given, validation and test accuracy against the share of data removed (means over
     seeds), one line pair per federation."""
     cols = [("accuracy_before", "before"), ("accuracy_flagged", "FedBary g > 0 removed"),
             ("accuracy_budget", "FedBary budget (validation-chosen)"),
+            ("accuracy_calibrated", "FedBary g > τ, calibrated" + (f" (α = {summary['alpha'].iloc[0]:g})"
+                                                                   if "alpha" in summary else "")),
             ("accuracy_oracle_removal", "noisy removed (oracle)"), ("accuracy_random_removal", "random removal")]
+    cols = [(c, label) for c, label in cols if c in summary]
     panels = 1 if budgets is None else 2
     fig, axes = plt.subplots(1, panels, figsize=(3.0 + 2.4 * len(summary) + 4.0 * (panels - 1), 3.6), squeeze=False)
     ax = axes[0][0]

@@ -51,6 +51,42 @@ class ClassStats:
         return idx_c
 
 
+def labelled_arrays(x: np.ndarray, y: np.ndarray, client: str = "client") -> tuple[np.ndarray, np.ndarray]:
+    """A client's features and labels as arrays, checked before any statistic is taken of them: real, features
+    2-D (n, d) with n ≥ 1 and finite, one finite label per sample. Every label-augmented measure (OTDD, FedBary,
+    their DP clients) reads its data through this function, so every one refuses the same inputs with the same
+    message naming the client.
+
+    Returns:
+        ``(x, y)``: float64 features and the labels as given (integers or strings).
+
+    Raises ValueError for complex inputs, features that are not 2-D or labels that are not one per sample;
+    :class:`~otfed.errors.DegenerateClientError` for no samples, NaN / inf features or NaN / inf labels.
+
+    >>> x, y = labelled_arrays(np.ones((3, 2), dtype=np.float32), np.array([0, 1, 1]), "alice")
+    >>> x.dtype, y.tolist()
+    (dtype('float64'), [0, 1, 1])
+    """
+    if np.iscomplexobj(x) or np.iscomplexobj(y):  # a float64 cast would drop the imaginary part in silence
+        raise ValueError(f"client {client!r}: features and labels must be real, got a complex array")
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y)
+    if x.ndim != 2:
+        raise ValueError(f"client {client!r}: features must be a 2-D (n, d) array, got shape {x.shape}")
+    if y.dtype.kind == "f" and not np.all(np.isfinite(y)):  # NaN ≠ NaN: each would be a class of its own
+        n_bad = int((~np.isfinite(y)).sum())
+        raise DegenerateClientError(f"client {client!r} has NaN or inf labels in {n_bad} sample(s); labels must be "
+                                    f"class identifiers (integers or strings)")
+    if y.ndim != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"client {client!r}: {x.shape[0]} samples but labels have shape {y.shape}")
+    if x.shape[0] == 0:
+        raise DegenerateClientError(f"client {client!r} has no samples")
+    if not np.all(np.isfinite(x)):
+        n_bad = int((~np.isfinite(x)).any(axis=1).sum())
+        raise DegenerateClientError(f"client {client!r} has NaN or inf features in {n_bad} sample(s)")
+    return x, y
+
+
 def class_statistics(x: np.ndarray, y: np.ndarray, diagonal: bool = True, client: str = "client") -> ClassStats:
     """Per-class mean m_c and covariance square root Σ_c^{1/2} (FedWaD §5, OTDD label embedding).
 
@@ -90,23 +126,7 @@ def class_statistics(x: np.ndarray, y: np.ndarray, diagonal: bool = True, client
     >>> bool(np.allclose(root @ root, np.cov(x[y == 1].T)))
     True
     """
-    if np.iscomplexobj(x) or np.iscomplexobj(y):  # a float64 cast would drop the imaginary part in silence
-        raise ValueError(f"client {client!r}: features and labels must be real, got a complex array")
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y)
-    if x.ndim != 2:
-        raise ValueError(f"client {client!r}: features must be a 2-D (n, d) array, got shape {x.shape}")
-    if y.dtype.kind == "f" and not np.all(np.isfinite(y)):  # NaN ≠ NaN: each would be a class of its own
-        n_bad = int((~np.isfinite(y)).sum())
-        raise DegenerateClientError(f"client {client!r} has NaN or inf labels in {n_bad} sample(s); labels must be "
-                                    f"class identifiers (integers or strings)")
-    if y.ndim != 1 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"client {client!r}: {x.shape[0]} samples but labels have shape {y.shape}")
-    if x.shape[0] == 0:
-        raise DegenerateClientError(f"client {client!r} has no samples")
-    if not np.all(np.isfinite(x)):
-        n_bad = int((~np.isfinite(x)).any(axis=1).sum())
-        raise DegenerateClientError(f"client {client!r} has NaN or inf features in {n_bad} sample(s)")
+    x, y = labelled_arrays(x, y, client)
     labels, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
     small = counts < 2
     if np.any(small):
@@ -320,16 +340,9 @@ class LabelledData:
 def augmented_measure(data: LabelledData, diagonal: bool = True) -> Measure:
     """Client-side: the uniform measure on label-augmented samples [x; m_y; vec(Σ_y^{1/2})].
 
-    Raises DegenerateClientError naming the client if it has no samples, NaN/inf features, or a class
-    with fewer than two samples (its covariance is undefined).
+    Raises DegenerateClientError naming the client if it has no samples, NaN/inf features or labels, or a class
+    with fewer than two samples (its covariance is undefined); ValueError as :func:`labelled_arrays`.
     """
-    if np.iscomplexobj(data.x) or np.iscomplexobj(data.y):  # a float64 cast would drop the imaginary part
-        raise ValueError(f"client {data.name!r}: features and labels must be real, got a complex array")
-    x = np.asarray(data.x, dtype=np.float64)
-    y = np.asarray(data.y)
-    if x.ndim != 2 or x.shape[0] == 0:
-        raise DegenerateClientError(f"client {data.name!r} has no samples")
-    if x.shape[0] != y.shape[0]:
-        raise DegenerateClientError(f"client {data.name!r}: {x.shape[0]} samples but {y.shape[0]} labels")
+    x, y = labelled_arrays(data.x, data.y, data.name)
     stats = class_statistics(x, y, diagonal=diagonal, client=data.name)
     return Measure.uniform(augment_with_label_stats(x, y, stats))

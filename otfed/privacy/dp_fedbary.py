@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from otfed.errors import ConfigError, DegenerateClientError
+from otfed.errors import ConfigError
 from otfed.federation.fedbary import (BaryClient, BaryServer, FedBaryConfig, FedBaryResult, Potential, _distance,
                                       fedbary, validation_target)
 from otfed.federation.fedwad import draw_t
@@ -57,7 +57,7 @@ from otfed.federation.ledger import Channel
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage
 from otfed.federation.otdd import LabelledData
 from otfed.ot import Measure, optimal_transport
-from otfed.ot.otdd import ClassStats, augment_with_label_stats, class_statistics
+from otfed.ot.otdd import ClassStats, augment_with_label_stats, class_statistics, labelled_arrays
 from otfed.privacy.dp import (DPConfig, clip_to_ball, dp_client_step, gaussian_epsilon, gaussian_mechanism,
                               gaussian_noise_multiplier, spend_release)
 from otfed.valuation.calibrated import datum_values as calibrated_datum_values
@@ -82,18 +82,12 @@ def dp_augmented_measure(data: LabelledData, diagonal: bool = True, min_class_si
     :func:`~otfed.ot.otdd.augmented_measure`. Everything released from it is clipped to B(0, C), so the
     sensitivities of the module docstring hold whichever statistics a class gets.
 
-    Raises :class:`~otfed.errors.DegenerateClientError` naming the client for no records or non-finite features
-    (neither is a neighbour of a valid data set of the public size n)."""
+    Raises :class:`~otfed.errors.DegenerateClientError` naming the client for no records, non-finite features or
+    labels (none is a neighbour of a valid data set of the public size n); ValueError as
+    :func:`~otfed.ot.otdd.labelled_arrays`."""
     if min_class_size < 2:
         raise ValueError(f"min_class_size must be at least 2 (a covariance needs two records), got {min_class_size}")
-    x = np.asarray(data.x, dtype=np.float64)
-    y = np.asarray(data.y)
-    if x.ndim != 2 or x.shape[0] == 0:
-        raise DegenerateClientError(f"client {data.name!r} has no samples")
-    if x.shape[0] != y.shape[0]:
-        raise DegenerateClientError(f"client {data.name!r}: {x.shape[0]} samples but {y.shape[0]} labels")
-    if not np.all(np.isfinite(x)):
-        raise DegenerateClientError(f"client {data.name!r} has NaN or inf features")
+    x, y = labelled_arrays(data.x, data.y, data.name)
     labels, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
     large = counts >= min_class_size
     d = x.shape[1]

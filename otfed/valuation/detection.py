@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
 
 from otfed.ot.otdd import LabelledData
+
+if TYPE_CHECKING:  # scikit-learn (the `valuation` extra) is imported where a removal curve fits a model
+    from sklearn.linear_model import LogisticRegression
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class RemovalCurve:
 
 
 def _default_model(seed: int) -> LogisticRegression:
+    from sklearn.linear_model import LogisticRegression
+
     return LogisticRegression(max_iter=2000, random_state=seed)
 
 

@@ -1,20 +1,35 @@
 """Adapters of FedBary's results (issue #34): pandas tables, pyDVL's ValuationResult, OpenDataVal's DataEvaluator
 protocol. The truth each test checks against is independent of the adapter: the FedBary result's own arrays, NumPy
-and SciPy statistics over the runs, and pyDVL's / OpenDataVal's own classes where they are importable (pip cannot
-install either next to otfed's pins: pyDVL 0.10.0 declares numpy<2, OpenDataVal 1.3.0 numpy<1.26, pandas<2 and
-torch~=2.1 — see otfed/federation/adapters.py)."""
+and SciPy statistics over the runs, and pyDVL's / OpenDataVal's own code — pyDVL's running moments fed the runs'
+shares, OpenDataVal's DataFetcher, noise, experiments and LAVA evaluator.
+
+pip cannot install pyDVL 0.10.0 (numpy<2) or OpenDataVal 1.3.0 (numpy<1.26, pandas<2, torch~=2.1) next to otfed's
+pins, so ``make test`` installs them with ``--no-deps`` into a folder of their own, .venv/conformance
+(requirements-conformance.txt), and sets OTFED_REQUIRE_CONFORMANCE=1: the ``side_install`` fixture appends that
+folder to ``sys.path`` — at the end, so the locked packages win — for this module's tests only, and a library that
+does not import there fails the test. Run without make (no OTFED_REQUIRE_CONFORMANCE), the tests that need a library
+skip where it is missing.
+"""
 from __future__ import annotations
 
+import importlib
+import os
 import sys
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 import scipy.stats
 
+import otfed.federation.adapters as adapters
 from otfed.federation.adapters import (FedBaryDataValues, contributions_frame, datum_values_frame,
                                        opendataval_evaluator, to_pydvl)
 from otfed.federation.fedbary import FedBaryConfig, federated_valuation, valuation_spread
 from otfed.ot.otdd import LabelledData
+
+SIDE_INSTALL = Path(os.environ.get("OTFED_CONFORMANCE", Path(__file__).resolve().parents[2] / ".venv" / "conformance"))
+REQUIRED = os.environ.get("OTFED_REQUIRE_CONFORMANCE") == "1"   # set by `make test`: a missing library fails
 
 pandas = pytest.importorskip("pandas")
 CONFIG = FedBaryConfig(support_size=10, iterations=3)
@@ -65,36 +80,93 @@ def test_the_datum_values_table_holds_every_datum_in_order():
         datum_values_frame(federated_valuation(_clients(), CONFIG, seed=0))
 
 
+# ------------------------------------------------------------------------------------------- the side install
+
+@pytest.fixture(scope="module")
+def side_install() -> Path:
+    """.venv/conformance at the end of sys.path while this module's tests run (the locked packages come first)."""
+    added = SIDE_INSTALL.is_dir() and str(SIDE_INSTALL) not in sys.path
+    if added:
+        sys.path.append(str(SIDE_INSTALL))
+        importlib.invalidate_caches()
+    yield SIDE_INSTALL
+    if added:
+        sys.path.remove(str(SIDE_INSTALL))
+
+
+def _library(load: Callable[[], Any], what: str) -> Any:
+    """``load()`` (an import): its ImportError skips the test — as pytest.importorskip does — or, under
+    ``make test`` (OTFED_REQUIRE_CONFORMANCE=1), fails it."""
+    try:
+        return load()
+    except ImportError as exc:
+        message = (f"{what} does not import from {SIDE_INSTALL} ({exc!r}); build it with `make conformance` "
+                   f"(pip install --no-deps --target .venv/conformance -r requirements-conformance.txt)")
+        if REQUIRED:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _block(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """Make ``package`` and every submodule already imported unimportable for this test, whatever is installed."""
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 # ------------------------------------------------------------------------------------------------------ pyDVL
 
 def test_to_pydvl_without_pydvl_names_the_conflict(monkeypatch, spread_result):
-    monkeypatch.setitem(sys.modules, "pydvl", None)  # import pydvl → ImportError, whatever is installed
-    with pytest.raises(ImportError, match=r"to_pydvl needs pyDVL .* declare numpy<2"):
+    _block(monkeypatch, "pydvl")
+    with pytest.raises(ImportError, match=r"to_pydvl needs pyDVL .* declare numpy<2.*--no-deps --target"):
         to_pydvl(spread_result)
 
 
-def test_to_pydvl_round_trips_through_pydvl(spread_result):
-    pytest.importorskip("pydvl.valuation.result", reason="pyDVL is not importable (pip: its numpy<2 conflicts)")
-    from pydvl.valuation.result import ValuationResult
+def _pydvl_accumulated(result_runs: np.ndarray, names: list[str]) -> Any:
+    """What pyDVL's own samplers build from per-run values: one ValueUpdate per run and client, fed to its
+    LogResultUpdater (running mean and unbiased variance), starting from ValuationResult.zeros."""
+    from pydvl.valuation.result import LogResultUpdater, ValuationResult
+    from pydvl.valuation.types import ValueUpdate
 
+    updater = LogResultUpdater(ValuationResult.zeros(algorithm="otfed.FedBary", indices=np.arange(len(names)),
+                                                     data_names=np.asarray(names)))
+    for run in result_runs:
+        for index, share in enumerate(run):
+            updater.process(ValueUpdate(index, float(np.log(abs(share))), int(np.sign(share))))
+    return updater.result
+
+
+def test_to_pydvl_is_what_pydvl_accumulates_from_the_runs(side_install, spread_result):
+    result_module = _library(lambda: importlib.import_module("pydvl.valuation.result"), "pyDVL")
     converted = to_pydvl(spread_result)
-    assert isinstance(converted, ValuationResult)
-    runs = spread_result.spread.contributions
-    order = np.argsort(converted.indices)
-    np.testing.assert_allclose(converted.values[order], runs.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(converted.stderr[order], runs.std(axis=0, ddof=1) / np.sqrt(4), rtol=1e-9)
-    assert [str(n) for n in converted.names[order]] == ["c0", "c1", "c2"]
+    assert isinstance(converted, result_module.ValuationResult)
+    runs = spread_result.spread.contributions                     # runs × clients
+    truth = _pydvl_accumulated(runs, spread_result.names)
+    np.testing.assert_array_equal(converted.indices, truth.indices)
+    np.testing.assert_allclose(converted.values, truth.values, rtol=1e-12)
+    np.testing.assert_allclose(converted.variances, truth.variances, rtol=1e-9)
+    np.testing.assert_array_equal(converted.counts, truth.counts)
+    np.testing.assert_allclose(converted.stderr, runs.std(axis=0, ddof=1) / np.sqrt(4), rtol=1e-9)
+    assert [str(n) for n in converted.names] == ["c0", "c1", "c2"] == [str(n) for n in truth.names]
+    assert converted.status == result_module.Status.Converged
     frame = converted.to_dataframe(column="fedbary")   # pyDVL's own table
-    np.testing.assert_allclose(frame["fedbary"].to_numpy()[order], runs.mean(axis=0), rtol=1e-12)
-    # pyDVL's ranking (highest value first) is FedBary's
-    ranked = [str(item.name) for item in sorted(converted, key=lambda item: -item.value)]
+    np.testing.assert_allclose(frame["fedbary"].to_numpy(), runs.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(frame["fedbary_variances"].to_numpy(), runs.var(axis=0, ddof=1), rtol=1e-9)
+    # pyDVL's ranking (its sort, highest value first) is FedBary's
+    ranked = [str(item.name) for item in converted.sort(reverse=True)]
     assert ranked == [spread_result.names[i] for i in np.argsort(-runs.mean(axis=0), kind="stable")]
-    # pyDVL's sum of two results pools their samples: the mean over all 4 + 2 runs
+
+
+def test_pydvl_sums_pool_the_runs(side_install, spread_result):
+    _library(lambda: importlib.import_module("pydvl.valuation.result"), "pyDVL")
     more = valuation_spread(_clients(), CONFIG, seeds=[4, 5])
-    pooled = converted + to_pydvl(more)
-    everything = np.vstack([runs, more.spread.contributions])
-    np.testing.assert_allclose(pooled.values[np.argsort(pooled.indices)], everything.mean(axis=0), rtol=1e-9)
+    pooled = to_pydvl(spread_result) + to_pydvl(more)
+    everything = np.vstack([spread_result.spread.contributions, more.spread.contributions])
+    np.testing.assert_allclose(pooled.values, everything.mean(axis=0), rtol=1e-9)
     assert (pooled.counts == 6).all()
+    single = to_pydvl(federated_valuation(_clients(), CONFIG, seed=7))   # one run: its shares, variance 0, count 1
+    assert (single.counts == 1).all() and (single.variances == 0).all()
+    np.testing.assert_allclose((to_pydvl(spread_result) + single).values,
+                               (4 * spread_result.spread.mean + single.values) / 5, rtol=1e-9)
 
 
 # ------------------------------------------------------------------------------------------------ OpenDataVal
@@ -140,22 +212,71 @@ def test_the_evaluator_refuses_what_it_cannot_value():
 
 
 def test_opendataval_evaluator_without_opendataval_names_the_conflict(monkeypatch):
-    monkeypatch.setitem(sys.modules, "opendataval", None)
-    with pytest.raises(ImportError, match=r"OpenDataVal; its PyPI release 1\.3\.0 declares numpy<1\.26"):
+    _block(monkeypatch, "opendataval")
+    monkeypatch.setattr(adapters, "_evaluator_class", adapters._evaluator_class.__wrapped__)   # not the cached class
+    with pytest.raises(ImportError, match=r"OpenDataVal; its PyPI release 1\.3\.0 declares numpy<1\.26.*--no-deps"):
         opendataval_evaluator(config=CONFIG)
 
 
-def test_opendataval_evaluator_is_an_opendataval_data_evaluator():
-    pytest.importorskip("opendataval.dataval.api", reason="OpenDataVal is not importable (pip: its pins conflict)")
-    from opendataval.dataval.api import DataEvaluator, ModelLessMixin
+def _opendataval(side_install: Path) -> Any:
+    """OpenDataVal's ``DataEvaluator`` module, imported as the adapter imports it (the module's docstring)."""
+    return _library(adapters._opendataval_api, "OpenDataVal")
 
+
+def test_opendataval_evaluator_is_an_opendataval_data_evaluator(side_install):
+    api = _opendataval(side_install)
     x, y, xv, yv = _train_valid()
     evaluator = opendataval_evaluator(n_clients=3, config=CONFIG)
-    assert isinstance(evaluator, DataEvaluator) and isinstance(evaluator, ModelLessMixin)
-    assert DataEvaluator.Evaluators["fedbaryevaluator"] is type(evaluator)
+    assert isinstance(evaluator, api.DataEvaluator) and isinstance(evaluator, api.ModelLessMixin)
+    assert api.DataEvaluator.Evaluators["fedbaryevaluator"] is type(evaluator) is type(opendataval_evaluator())
+    assert repr(evaluator).startswith("FedBaryEvaluator(n_clients=3")   # OpenDataVal's ReprMixin
     values = evaluator.input_data(x, y, xv, yv).train_data_values().evaluate_data_values()
     plain = FedBaryDataValues(n_clients=3, config=CONFIG).input_data(x, y, xv, yv).train_data_values()
     np.testing.assert_array_equal(values, plain.evaluate_data_values())
+    np.testing.assert_array_equal(evaluator.data_values, values)
+
+
+def test_opendataval_runs_fedbary_end_to_end(side_install):
+    """OpenDataVal's own pipeline — a DataFetcher over presplit data, its label noise (mix_labels), DataEvaluator.train
+    (setup → input_fetcher → train_data_values), its noisy_detection experiment — with FedBary as the evaluator.
+    Truth: FedBary run directly on the fetcher's tensors (−g, FedBary eq. 10, row by row), and OpenDataVal's own
+    LAVA evaluator on the same fetcher, the method FedBary's calibrated gradient extends."""
+    _opendataval(side_install)
+    from opendataval.dataloader import DataFetcher, mix_labels
+    from opendataval.dataval import LavaEvaluator
+    from opendataval.experiment.exper_methods import noisy_detection
+
+    rng = np.random.default_rng(0)
+
+    def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.arange(n) % 3
+        return rng.normal(size=(n, 4)) + 3.0 * np.eye(3, 4)[y], np.eye(3)[y]   # one-hot, as OpenDataVal's sets
+
+    (xt, yt), (xv, yv), (xs, ys) = sample(90), sample(60), sample(30)
+    fetcher = DataFetcher.from_data_splits(xt, yt, xv, yv, xs, ys, one_hot=True, random_state=0)
+    fetcher = fetcher.noisify(mix_labels, noise_rate=0.2)
+    noisy = np.zeros(90, dtype=bool)
+    noisy[fetcher.noisy_train_indices] = True
+    assert noisy.sum() == 18
+
+    evaluator = opendataval_evaluator(n_clients=3, config=CONFIG).train(fetcher)
+    values = evaluator.data_values
+    x_train, y_train, x_valid, y_valid, *_ = fetcher.datapoints          # float32 tensors, one-hot labels
+    x, y = x_train.numpy().astype(np.float64), y_train.numpy().argmax(axis=1)
+    blocks = np.array_split(np.arange(90), 3)
+    direct = federated_valuation([LabelledData(f"client_{k}", x[rows], y[rows]) for k, rows in enumerate(blocks)],
+                                 CONFIG, validation=LabelledData("server", x_valid.numpy().astype(np.float64),
+                                                                 y_valid.numpy().argmax(axis=1)),
+                                 seed=0, datum_values=True)
+    np.testing.assert_array_equal(values, -np.concatenate([direct.datum_values[f"client_{k}"] for k in range(3)]))
+
+    f1 = noisy_detection(evaluator, fetcher)["kmeans_f1"]
+    assert 0.0 < f1 <= 1.0
+    auc = scipy.stats.mannwhitneyu(-values[noisy], -values[~noisy]).statistic / (18 * 72)   # low value = noisy
+    assert auc > 0.6, f"FedBary's values rank the mixed labels at AUC {auc:.3f}"
+    lava = LavaEvaluator(random_state=0).train(fetcher).data_values   # geomloss 0.3's functions under 0.2's name
+    rho = scipy.stats.spearmanr(values, lava).statistic
+    assert rho > 0.4, f"FedBary and OpenDataVal's LAVA rank the rows alike only at Spearman {rho:.2f}"
 
 
 def test_the_module_examples_pass():

@@ -70,7 +70,7 @@ def preflight_params() -> dict:
                             "validation_samples": 20, "seed_repeats": 0},
         },
         "noisy_removal": {"federations": ["c1"], "pca_components": 4, "validation_samples": 20, "fedbary": FEDBARY,
-                          "fedavg": {"rounds": 1, "epochs": 1}},
+                          "fedavg": {"rounds": 1, "epochs": 1}, "alpha": None},  # 20 rows: too few to calibrate
     }
 
 
@@ -159,6 +159,18 @@ def test_label_99_is_named_with_its_client(ws: Path, capsys: pytest.CaptureFixtu
     row = 3 * 12 + 2
     assert fails_before_the_flow(ws, "noisy_removal", capsys) == (
         f"{C1}: y of client 3 (client_03): label 99 outside 0..9 (row {row})")
+
+
+def test_noisy_removal_refuses_a_validation_set_too_small_to_calibrate(ws: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The calibrated rule splits every class of the server's validation rows into Q and calibration rows (≥ 2 on
+    each side); with 20 rows of 10 classes that fails — before the flow, naming the key and the way out."""
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    params["noisy_removal"]["alpha"] = 0.05
+    Path("params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    message = fails_before_the_flow(ws, "noisy_removal", capsys)
+    assert message.startswith("noisy_removal.validation_samples: 20 rows of 'c1''s test split hold ")
+    assert message.endswith("needs ≥ 4 per class (or set noisy_removal.alpha: null)")
 
 
 def test_fed_distance_checks_every_federation_it_reads(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:

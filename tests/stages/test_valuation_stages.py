@@ -202,6 +202,18 @@ def test_noisy_removal_stage(feature_run: dict[str, Any], tmp_path: Path) -> Non
         # FedAvg is trained once per kept set: nothing removed (budget 0) is the "before" model
         assert cand[cand.budget == 0.0].test_accuracy.iloc[0] == row.accuracy_before
         assert 0.0 <= row.auc <= 1.0
+        # the calibrated rule: flags above the threshold, capped like g > 0; its false-positive rates recomputed
+        assert row.alpha == 0.05 and np.isfinite(row.threshold_calibrated)
+        assert (mine.removed_calibrated == np.minimum(mine.flagged_calibrated, np.floor(0.4 * mine.n))).all()
+        assert row.removed_calibrated == mine.removed_calibrated.sum()
+        clean = mine.n - mine.noisy
+        assert row.fpr_calibrated == pytest.approx(
+            (mine.flagged_calibrated - mine.flagged_calibrated_noisy).sum() / clean.sum())
+        assert row.fpr_flagged == pytest.approx((mine.flagged - mine.flagged_noisy).sum() / clean.sum())
+        untouched = mine[mine.noisy == 0]
+        assert len(untouched) >= 1 and row.fpr_calibrated_clean_clients == pytest.approx(
+            untouched.flagged_calibrated.sum() / untouched.n.sum())
+        assert 0.0 <= row.accuracy_calibrated <= 1.0
     # mean ± 95% CI over the seeds, and paired gains, recomputed with SciPy
     summary = pd.read_csv(out / "removal_summary.csv").iloc[0]
     gains = table.accuracy_budget - table.accuracy_before
@@ -211,7 +223,8 @@ def test_noisy_removal_stage(feature_run: dict[str, Any], tmp_path: Path) -> Non
         assert summary.gain_budget_ci95 == pytest.approx((high - low) / 2, rel=1e-3)
     assert "fedbary_seconds" not in table  # a wall time: MLflow only
     full = _timings(mlflow_uri, "noisy_removal", "removal.csv", tmp_path)
-    assert list(full.columns) == list(table.columns) + ["fedbary_seconds"] and (full.fedbary_seconds > 0).all()
+    assert list(full.columns) == list(table.columns) + ["fedbary_seconds", "calibrated_seconds"]
+    assert (full.fedbary_seconds > 0).all() and (full.calibrated_seconds > 0).all()
     assert metrics["fnoisy"]["accuracy_before"] == pytest.approx(table.accuracy_before.mean(), abs=1e-4)
 
 
