@@ -47,8 +47,8 @@ from otfed.data.text.store import FILES
 from otfed.device import stage_device
 from otfed.distill.ensemble import TeacherEnsemble
 from otfed.distill.diagnostics import best_constant, teacher_gate
-from otfed.distill.evaluation import (ALL, EvaluationSet, claim_pairs, evaluate, evaluation_sets, mark_uninformative,
-                                      paired_claims, seed_summary)
+from otfed.distill.evaluation import (ALL, EvaluationSet, adjusted_verdicts, claim_pairs, evaluate, evaluation_sets,
+                                      mark_uninformative, paired_claims, seed_summary)
 from otfed.distill.student import MIXTURE, Holdout, distill_student, ensemble_weights
 from otfed.errors import DataError
 from otfed.federation.knot import BIAS, DATASET_SIZE, PREDICTIONS, SOFT_BIAS, load_messages, server_ensemble
@@ -458,12 +458,21 @@ def claims(d: DistillParams) -> list[tuple[str, str, str, str]]:
                   if v.arm == "replication"]
 
 
+#: The declared family of tests, fixed before any result: every comparison of :func:`claims` (each claim × metric ×
+#: task) on the union of the test sets, ALL — the rows the docs read. Holm's correction runs over it at
+#: CLAIMS_ALPHA; the per-party test sets' rows are exploratory (``adjusted_verdict`` "exploratory").
+CONFIRMATORY_TEST_SET = ALL
+CLAIMS_ALPHA = 0.05
+
+
 def comparisons(d: DistillParams, frame: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """Every comparison of :func:`claims` as paired differences over seeds (:func:`paired_claims`), with its arm;
     in the mechanism arms the verdicts read "first better" / "second better" (no paper claims a side); against the
     global model, which is one fixed model, the differences pair each seed's student with it. A
     comparison whose either student does not beat its best constant on that test set (mean SD skill over the
-    seeds ≤ 0) is marked "uninformative" (:func:`mark_uninformative`); the statistical verdict is kept."""
+    seeds ≤ 0) is marked "uninformative" (:func:`mark_uninformative`); the statistical verdict is kept. Each row's
+    paired t-test p-value, and over the declared family (:data:`CONFIRMATORY_TEST_SET`) Holm's adjusted p-value
+    and the verdict on it (:func:`~otfed.distill.evaluation.adjusted_verdicts`)."""
     pairs = claims(d)
     arm_of = {c: a for a, c, _, _ in pairs}
     students = frame[frame.variant != GLOBAL]
@@ -475,7 +484,8 @@ def comparisons(d: DistillParams, frame: pd.DataFrame, summary: pd.DataFrame) ->
     mechanism = ~table.arm.isin(["replication", "distillation"])
     table.loc[mechanism, "verdict"] = table.loc[mechanism, "verdict"].map(
         {"replicates": "first better", "reversed": "second better", "undecided": "undecided"})
-    return mark_uninformative(table, summary)
+    table = mark_uninformative(table, summary)
+    return adjusted_verdicts(table, (table.test_set == CONFIRMATORY_TEST_SET).to_numpy(), CLAIMS_ALPHA)
 
 
 def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -> dict[str, Any]:
@@ -548,7 +558,7 @@ def distill_metrics(summary: pd.DataFrame, claims: pd.DataFrame, tasks: Sequence
                     ) -> dict[str, Any]:
     """Per task, on ALL: the gate's verdict (``testable``: 1, or 0 for "cannot test here"); every variant's mean score, Semantic Distance and SD skill with
     the CI half-widths; each comparison's verdict per metric, and how many replication-arm (claim, metric)
-    comparisons replicate / reverse / are uninformative."""
+    comparisons replicate / reverse / are uninformative, and replicate after Holm's correction."""
     metrics: dict[str, Any] = {}
     for task in tasks:
         rows = summary[(summary.task == task) & (summary.test_set == ALL)]
@@ -562,6 +572,9 @@ def distill_metrics(summary: pd.DataFrame, claims: pd.DataFrame, tasks: Sequence
         for verdict in ("replicates", "reversed", "uninformative"):
             metrics[task][f"claims_{'replicated' if verdict == 'replicates' else verdict}"] = int(
                 (papers.verdict == verdict).sum()) if len(papers) else 0
+        # after Holm's correction over the declared family (the ALL rows of every task)
+        metrics[task]["claims_replicated_holm"] = int((papers.adjusted_verdict == "replicates").sum()) if len(
+            papers) else 0
     return metrics
 
 
@@ -569,4 +582,4 @@ STAGE = Stage("distill", DistillParams, OUTPUTS, jobs, report, check, reads=("tr
               needs=("estimate_bias",), preflight=preflight, inputs=inputs,
               headline=("*.testable", "*.Sinkhorn-E.semantic_distance", "*.Entropy-E.semantic_distance",
                         "*.global (no distillation).semantic_distance", "*.global (no distillation).sd_skill",
-                        "*.claims_replicated", "*.claims_reversed"))  # gate, tables 2-4 and the claims, on ALL
+                        "*.claims_replicated", "*.claims_reversed", "*.claims_replicated_holm"))  # gate, tables 2-4 and the claims, on ALL

@@ -309,5 +309,4 @@ def report(p: Params, results: Results, out: Report, dirs: Mapping[str, Path]) -
 STAGE = Stage("noisy_removal", NoisyRemovalParams, OUTPUTS, jobs, report, check, preflight=preflight, inputs=inputs,
               headline=("*.accuracy_before", "*.accuracy_flagged", "*.accuracy_budget",  # table 4
                         "*.accuracy_oracle_removal", "*.gain_budget", "*.gain_budget_ci95", "*.auc",
-                        "*.removed_budget", "*.removed_budget_noisy", "*.accuracy_calibrated",
-                        "*.fpr_calibrated", "*.fpr_calibrated_clean_clients", "*.fpr_flagged"))
+                        "*.accuracy_calibrated", "*.fpr_calibrated", "*.fpr_flagged"))

@@ -94,7 +94,8 @@ def paired_claims(rows: pd.DataFrame, claims: Sequence[tuple[str, str, str]], le
 
     ``rows``: columns task, test_set, variant, seed, score, semantic_distance (one row per student and test
     set). Returns columns task, test_set, claim, better, baseline, metric, seeds, mean_difference,
-    ci95 (half-width), low, high, verdict.
+    ci95 (half-width), low, high, p_value (two-sided paired t-test of the differences, :func:`paired_p_value`),
+    verdict.
     """
     out = []
     for (task, test_set), sub in rows.groupby(["task", "test_set"], sort=False):
@@ -119,9 +120,68 @@ def paired_claims(rows: pd.DataFrame, claims: Sequence[tuple[str, str, str]], le
                     verdict = "undecided"
                 out.append(dict(task=task, test_set=test_set, claim=claim, better=better, baseline=baseline,
                                 metric=metric, seeds=int(diff.size), mean_difference=mean, ci95=half,
-                                low=low, high=high, verdict=verdict))
+                                low=low, high=high, p_value=paired_p_value(diff), verdict=verdict))
     return pd.DataFrame(out, columns=["task", "test_set", "claim", "better", "baseline", "metric", "seeds",
-                                      "mean_difference", "ci95", "low", "high", "verdict"])
+                                      "mean_difference", "ci95", "low", "high", "p_value", "verdict"])
+
+
+def paired_p_value(differences: np.ndarray) -> float:
+    """Two-sided p-value of Student's paired t-test that the mean of ``differences`` (one per seed) is 0: the test
+    whose 95% interval :func:`paired_claims` reports (p < 0.05 exactly when that interval excludes 0). NaN with
+    fewer than two differences; with no spread, 0 for a non-zero mean and 1 for a zero one.
+
+    >>> round(paired_p_value(np.array([1.0, 2.0, 3.0])), 4)   # t = 2 / (1 / √3) = 3.4641, 2 degrees of freedom
+    0.0742
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size < 2:
+        return float("nan")
+    sd = d.std(ddof=1)
+    if sd == 0.0:
+        return 0.0 if d.mean() != 0.0 else 1.0
+    from scipy.stats import t as student_t
+
+    t = d.mean() / (sd / np.sqrt(d.size))
+    return float(2.0 * student_t.sf(abs(t), d.size - 1))
+
+
+def holm_adjusted(p_values: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979): sort the m finite p-values, p_(1) ≤ … ≤ p_(m); the adjusted
+    p_(i) is max_{j ≤ i} min(1, (m − j + 1) · p_(j)). Rejecting where the adjusted value is < α keeps the
+    probability of any false rejection in the family ≤ α, under any dependence between the tests. NaN stays NaN
+    and does not count in m.
+
+    >>> holm_adjusted([0.01, 0.04, 0.03, np.nan]).round(4).tolist()   # m = 3: 3·0.01; 2·0.03; max(0.06, 1·0.04)
+    [0.03, 0.06, 0.06, nan]
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = order.size
+    running = 0.0
+    for i, k in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[k]))
+        out[k] = running
+    return out
+
+
+def adjusted_verdicts(claims: pd.DataFrame, family: np.ndarray, alpha: float = 0.05) -> pd.DataFrame:
+    """``claims`` (:func:`mark_uninformative`) with the family-wise correction of the declared ``family`` (a boolean
+    mask of its rows): ``p_holm``, Holm's adjusted p-value over the family's rows (:func:`holm_adjusted`; NaN
+    outside it), and ``adjusted_verdict`` — the statistical verdict where ``p_holm`` < ``alpha``, ``undecided``
+    where not, ``uninformative`` where ``verdict`` says so, and ``exploratory`` outside the family (read those rows
+    as descriptions, not tests). The chance that any family row's adjusted verdict is decided wrongly is then
+    ≤ ``alpha``."""
+    out = claims.copy()
+    family = np.asarray(family, dtype=bool)
+    p_holm = np.full(len(out), np.nan)
+    p_holm[family] = holm_adjusted(out.loc[family, "p_value"].to_numpy(dtype=np.float64))
+    out.insert(out.columns.get_loc("p_value") + 1, "p_holm", p_holm)
+    decided = np.where(p_holm < alpha, out["statistical_verdict"], "undecided")
+    verdict = np.where(out["verdict"] == "uninformative", "uninformative", decided)
+    out["adjusted_verdict"] = np.where(family, verdict, "exploratory")
+    return out
 
 
 def seed_summary(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:

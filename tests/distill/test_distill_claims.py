@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from otfed.distill.evaluation import claim_pairs, paired_claims, seed_summary
+from otfed.distill.evaluation import (adjusted_verdicts, claim_pairs, holm_adjusted, paired_claims, paired_p_value,
+                                     seed_summary)
 
 NAMES = {"sinkhorn": "Sinkhorn", "kl": "Entropy"}
 
@@ -84,3 +85,51 @@ def test_seed_summary_is_the_mean_and_t_interval_per_variant_and_set():
     assert summary.score["Sinkhorn-A"] == pytest.approx(0.3)
     assert summary.score_ci95["Sinkhorn-A"] == pytest.approx(half)
     assert summary.score_ci95["Entropy-A"] == 0.0 and summary.seeds["Entropy-A"] == 3
+
+
+def test_p_value_is_scipys_paired_t_test_and_agrees_with_the_interval():
+    better = [0.31, 0.35, 0.30, 0.36, 0.33]
+    baseline = [0.30, 0.31, 0.29, 0.33, 0.30]
+    out = paired_claims(rows_for({"Sinkhorn-A": better, "Entropy-A": baseline}),
+                        [("S vs E", "Sinkhorn-A", "Entropy-A")]).iloc[0]
+    assert out.p_value == pytest.approx(stats.ttest_rel(better, baseline).pvalue, rel=1e-12)
+    assert (out.p_value < 0.05) == (out.low > 0 or out.high < 0)  # the test behind the 95% interval
+    assert paired_p_value(np.array([0.2])) != paired_p_value(np.array([0.2]))  # one seed: NaN
+    assert paired_p_value(np.array([0.5, 0.5, 0.5])) == 0.0 and paired_p_value(np.zeros(3)) == 1.0
+
+
+def _holm_rejections(p: np.ndarray, alpha: float) -> np.ndarray:
+    """Holm's step-down procedure as he states it: reject H_(1), H_(2), … while p_(i) ≤ α / (m − i + 1)."""
+    order = np.argsort(p, kind="stable")
+    reject = np.zeros(p.size, dtype=bool)
+    for i, k in enumerate(order):
+        if p[k] > alpha / (p.size - i):
+            break
+        reject[k] = True
+    return reject
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_holm_adjusted_rejects_exactly_what_the_step_down_procedure_rejects(seed: int):
+    rng = np.random.default_rng(seed)
+    p = np.concatenate([rng.uniform(0, 0.02, 6), rng.uniform(0, 1, 14)])
+    adjusted = holm_adjusted(p)
+    assert np.all(adjusted >= p) and np.all(adjusted <= 1.0)
+    for alpha in (0.01, 0.05, 0.1, 0.2):
+        np.testing.assert_array_equal(adjusted <= alpha, _holm_rejections(p, alpha))
+    with_nan = holm_adjusted(np.concatenate([p, [np.nan]]))
+    np.testing.assert_array_equal(with_nan[:-1], adjusted)  # NaN does not count in m
+    assert np.isnan(with_nan[-1])
+
+
+def test_adjusted_verdicts_correct_only_the_declared_family():
+    claims = pd.DataFrame(dict(
+        test_set=["ALL", "ALL", "ALL", "cell_phones"], p_value=[0.001, 0.02, 0.04, 0.001],
+        statistical_verdict=["replicates", "reversed", "replicates", "replicates"],
+        verdict=["replicates", "reversed", "uninformative", "replicates"]))
+    out = adjusted_verdicts(claims, (claims.test_set == "ALL").to_numpy(), alpha=0.05)
+    np.testing.assert_allclose(out.p_holm[:3], [0.003, 0.04, 0.04])
+    assert np.isnan(out.p_holm[3])
+    assert out.adjusted_verdict.tolist() == ["replicates", "reversed", "uninformative", "exploratory"]
+    stricter = adjusted_verdicts(claims, (claims.test_set == "ALL").to_numpy(), alpha=0.01)
+    assert stricter.adjusted_verdict.tolist() == ["replicates", "undecided", "uninformative", "exploratory"]

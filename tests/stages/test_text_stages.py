@@ -184,6 +184,16 @@ def test_tables_are_recomputed_from_saved_predictions(text_run) -> None:
     # 10 of the papers' claims, 1 one-hot, 4 mixture and 4 soft-bias comparisons × (score, SD)
     assert claims[claims.test_set == "ALL"].arm.value_counts().to_dict() == {
         "replication": 20, "mixture": 8, "soft_bias": 8, "one_hot": 2, "distillation": 16}
+    # the declared family is the ALL rows: Holm over their paired-t p-values (recomputed here by hand), the rest
+    # exploratory
+    family = claims[claims.test_set == "ALL"]
+    p_sorted = np.sort(family.p_value.to_numpy())
+    holm = np.maximum.accumulate(np.minimum(1.0, (len(p_sorted) - np.arange(len(p_sorted))) * p_sorted))
+    np.testing.assert_allclose(np.sort(family.p_holm.to_numpy()), holm, rtol=1e-12)
+    assert claims[claims.test_set != "ALL"].p_holm.isna().all()
+    assert set(claims[claims.test_set != "ALL"].adjusted_verdict) == {"exploratory"}
+    assert set(family.adjusted_verdict) <= {"replicates", "reversed", "undecided", "uninformative", "first better",
+                                            "second better"}
     # a comparison is "uninformative" exactly when a student in it does not beat its best constant
     summary = pd.read_csv(root / layout.DISTILL_REPORTS / "summary.csv").set_index(["test_set", "variant"])
     for c in claims.itertuples():
