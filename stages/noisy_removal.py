@@ -207,10 +207,11 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
     if acc["before"] is None:
         acc["before"] = accuracies([np.zeros(len(g), dtype=bool) for g in values])[1]
     all_noisy = np.concatenate(noisy)
+    g_flags = [flag_noisy(g) for g in values]  # the paper's rule, g > 0
     client_rows = []
     for k, (c, bad, g) in enumerate(zip(clients, noisy, values)):
         client_rows.append(dict(federation=name, seed=seed, client=c.name, n=len(g), noisy=int(bad.sum()),
-                                flagged=int(flag_noisy(g).sum()), flagged_noisy=int((flag_noisy(g) & bad).sum()),
+                                flagged=int(g_flags[k].sum()), flagged_noisy=int((g_flags[k] & bad).sum()),
                                 removed_flagged=int(flagged[k].sum()),
                                 removed_flagged_noisy=int((flagged[k] & bad).sum()),
                                 removed_budget=int(chosen[k].sum()), removed_budget_noisy=int((chosen[k] & bad).sum()),
@@ -232,7 +233,6 @@ def removal_experiment(name: str, clients: list[LabelledData], noisy: list[np.nd
         rows = sum(int((~noisy[k]).sum()) for k in ks)
         return sum(int((masks[k] & ~noisy[k]).sum()) for k in ks) / rows if rows else float("nan")
 
-    g_flags = [flag_noisy(g) for g in values]
     everyone = range(len(clients))
     summary = dict(federation=name, seed=seed, n_train=int(len(all_noisy)), noisy=int(all_noisy.sum()),
                    auc=detection_auc(np.concatenate(values), all_noisy),
