@@ -14,7 +14,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup conformance pipeline test test-fast bench studies clean-runs mlflow-server gpu-check device-kit
+.PHONY: setup flower-setup flower-check conformance pipeline test test-fast bench studies clean-runs mlflow-server gpu-check device-kit
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +29,22 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+# The Flower environment (otfed.flower: FedBary over a local SuperLink + SuperNodes): flwr 1.42.0 cannot share
+# requirements.lock (requirements-flower.lock says why), so it gets a venv of its own holding flwr, otfed's core and
+# otfed itself (editable); the pipeline's environment only starts its processes.
+FLOWER_VENV ?= .venv-flower
+$(FLOWER_VENV)/.installed: requirements-flower.lock pyproject.toml
+	python3 -m venv $(FLOWER_VENV)
+	$(FLOWER_VENV)/bin/pip install -q --upgrade pip
+	$(FLOWER_VENV)/bin/pip install -q -r requirements-flower.lock
+	$(FLOWER_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+flower-setup: $(FLOWER_VENV)/.installed
+
+flower-check: setup flower-setup   ## FedBary over a local Flower federation vs in process, bit for bit (exit 0: equal)
+	OTFED_FLOWER_VENV=$(abspath $(FLOWER_VENV)) python -m flows.flower_check
 
 pipeline: setup   ## FORCE=1 recomputes every stage (and logs every stage to MLflow / Prefect again)
 	python -m stages.params   # the whole params.yaml, every group: dvc repro skips stages that are not stale

@@ -7,6 +7,8 @@
     otfed results [--out FILE] [--reports DIR]    the results page of the last run (flows/results.py)
     otfed doctor [--params FILE] [--fix]          check the environment, one line per check (flows/doctor.py);
                                                   --fix cleans what killed stages left
+    otfed flower check [--seed N] [--insecure]    FedBary over a local Flower federation (TLS) vs in process, bit
+                                                  for bit (flows.flower_check; needs .venv-flower: make flower-setup)
 
 Thin: each command hands over to the module that does the work, imported inside the command so that
 ``otfed --help`` answers at once. Exit status: the command's own (2 for bad params or an unknown stage).
@@ -81,6 +83,23 @@ def doctor(params: Path = typer.Option(Path("params.yaml"), "--params", "-p", he
     from flows import doctor as checks
 
     raise typer.Exit(checks.run(params, echo=typer.echo, fix=fix))
+
+
+flower = typer.Typer(name="flower", no_args_is_help=True,
+                     help="otfed's protocols as Flower apps over a local federation (make flower-setup first).")
+app.add_typer(flower)
+
+
+@flower.command("check")
+def flower_check(seed: int = typer.Option(0, help="The session's seed."),
+                 timeout: float = typer.Option(600.0, help="Bound on every wait, seconds."),
+                 insecure: bool = typer.Option(False, help="Plain HTTP instead of TLS with a CA made for the run.")
+                 ) -> None:
+    """One FedBary session over a local SuperLink and three SuperNodes (TLS) and in process: one line per protocol,
+    exit 0 when every number is equal bit for bit, 1 when one differs, 2 when the federation could not run."""
+    from flows.flower_check import main as check_main
+
+    raise typer.Exit(check_main(["--seed", str(seed), "--timeout", str(timeout), *(["--insecure"] if insecure else [])]))
 
 
 def main() -> None:
