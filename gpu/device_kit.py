@@ -1,9 +1,9 @@
-"""The Python packages otfed needs on a remote CUDA host with no package index, packed small enough to travel.
+"""The Python packages otfed needs on a CUDA node with no package index, packed to travel with the checkout.
 
-The CUDA hosts the project's GPU runs target (reached by a remote-command tool that copies the working tree)
-have PyTorch, transformers, pandas and scikit-learn, but not POT, geomloss, Prefect, MLflow, pydantic or Dask, and they
-reach no package registry: what they lack travels with the working tree, 64 MiB in all, and this
-checkout's tracked files alone are about 38 MiB. This script builds that kit here, ahead of a session:
+The CUDA nodes the project's GPU runs target (``gpu/gpu_session.sh``; ``gpu/device_packages.txt`` lists what they
+have) bring PyTorch, transformers, pandas and scikit-learn, but not POT, geomloss, Prefect, MLflow, pydantic or Dask,
+and reach no package index. This script builds, ahead of a run, the kit that supplies what they lack, sized so that a
+copy of the checkout plus one archive stays under :data:`TRAVEL_LIMIT`:
 
 1. **What to carry.** The closure of the project's declared dependencies (``pyproject.toml``: the core and the
    ``pipeline`` and ``bench`` extras, dp-accounting included; DVC apart,
@@ -20,15 +20,14 @@ checkout's tracked files alone are about 38 MiB. This script builds that kit her
    :func:`check_unused_bsp`) is replaced by functions that raise. Console scripts get a
    ``#!/usr/bin/env python3`` line.
 4. **Packed** as ``.devkit/site.tar.xz`` (and ``.devkit/dvc.tar.xz``: DVC, for the Prefect pipeline flow,
-   which runs ``dvc repro``; it travels in a call of its own, unpacked over the first) with
-   ``MANIFEST.txt`` (packages, versions, what was slimmed, what the machine provides), and the size
-   checked against what may travel: the files that travel anyway (tracked and untracked-not-ignored) plus
-   one archive must stay under 64 MiB.
+   which runs ``dvc repro``; unpacked over the first, for the worker phase) with ``MANIFEST.txt`` (packages,
+   versions, what was slimmed, what the machine provides), and the size checked: the checkout's files that a
+   copy takes (tracked and untracked-not-ignored) plus one archive must stay under 64 MiB.
 
-On the machine, ``gpu/gpu_session.sh`` unpacks it into ``/tmp/otfed-site`` and puts it first on
-``PYTHONPATH``; name one archive per call in the device tool's ``carry`` (``.devkit/site.tar.xz``, or
-``.devkit/dvc.tar.xz`` for the worker phase): both at once would pass the limit. The README ("A GPU node
-with no package index") has the phases.
+On the node, ``gpu/gpu_session.sh`` unpacks it into ``/tmp/otfed-site`` and puts it first on ``PYTHONPATH``;
+``.devkit/site.tar.xz`` goes with the checkout for every phase, ``.devkit/dvc.tar.xz`` for the worker phase only
+(the two together pass :data:`TRAVEL_LIMIT`). ``docs/scaling.md`` ("A GPU node with no package index") has the
+phases.
 
 Usage: ``python -m gpu.device_kit [--python 3.12] [--with-dvc] [--out .devkit]``; ``--python 3.11``
 builds a kit for this machine's Python, which ``tests``-style checks can unpack into a clean venv
@@ -57,12 +56,13 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-TRAVEL_LIMIT = 64 * 2**20  # the device tool's limit on what travels in one call
+TRAVEL_LIMIT = 64 * 2**20  # the size budget of the checkout copied to a GPU node with one archive of the kit
 MARGIN = 2**20             # room for a report written into the tree between the build and a call
 
 #: The packages already on the CUDA hosts (``gpu/device_packages.txt``, from their image's package list).
-DEVICE_PACKAGES = frozenset(normalize(line) for line in (ROOT / "gpu" / "device_packages.txt").read_text().split()
-                            if not line.startswith("#"))
+DEVICE_PACKAGES = frozenset(normalize(line.strip()) for line in
+                            (ROOT / "gpu" / "device_packages.txt").read_text().splitlines()
+                            if line.strip() and not line.lstrip().startswith("#"))
 #: Carried even though the machines have them: pydantic 2.14 and anyio 4.16 need typing-extensions ≥ 4.16,
 #: and the machines' version is not known (a newer typing-extensions serves torch as well).
 CARRIED_ANYWAY = frozenset({"typing-extensions"})
@@ -269,7 +269,7 @@ def build(python: str, out: Path, with_dvc: bool) -> list[Path]:
         archive, slimmed = _archive(part, python, out, name)
         size = archive.stat().st_size
         manifest += ["", f"{name}: {size / 2**20:.1f} MiB; with the tree {(size + tree) / 2**20:.1f} MiB of the "
-                         "device tool's 64 MiB", *slimmed, *(f"{n}=={v}" for n, v in part.items())]
+                         f"{TRAVEL_LIMIT // 2**20} MiB budget", *slimmed, *(f"{n}=={v}" for n, v in part.items())]
         print(f"{name}: {size / 2**20:.1f} MiB; with the tree ({tree / 2**20:.1f} MiB) {(size + tree) / 2**20:.1f} MiB")
         archives.append(archive)
         if size + tree > TRAVEL_LIMIT - MARGIN:
@@ -300,7 +300,7 @@ def verify(archives: list[Path], python: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python", default="3.12", help="the CUDA host's CPython (its image: 3.12.3)")
+    parser.add_argument("--python", default="3.12", help="the GPU node's CPython (default 3.12: CPython 3.12.3)")
     parser.add_argument("--with-dvc", action="store_true",
                         help="also out/dvc.tar.xz, DVC for the pipeline flow (gpu_session.sh worker-start)")
     parser.add_argument("--out", type=Path, default=ROOT / ".devkit")

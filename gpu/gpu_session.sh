@@ -1,33 +1,30 @@
 #!/usr/bin/env bash
-# The project's GPU measurements — a CUDA check of the tests and the Sinkhorn backends, the paper-scale text
-# track, the scale-out benchmarks on 16 cores, a Prefect GPU worker — split into phases of under 10 minutes each,
-# so that a remote CUDA host reached one command at a time (a copy of the working tree, no package index, at most
-# 64 MiB carried per command) can run them phase by phase. Each phase's results go to $OUT, one .tar.gz per phase
-# and its log.
+# The project's GPU runs, phase by phase, on a CUDA node without a package index: a CUDA check of the tests and of
+# the Sinkhorn backends, the scale-out benchmarks on all the node's cores, the paper-scale text track and a Prefect
+# GPU worker. Each phase writes its reports under reports/ and bundles them, with its log, as $OUT/<phase>.tar.gz;
+# the two long runs start in the background in a copy of the checkout and are followed with `wait` and `collect`,
+# so no phase blocks for more than about ten minutes.
 #
 #   check        (~8 min)  the kit; gpu/gpu_check.sh (nvidia-smi, the gpu-marked tests, a timed tiny text-track
 #                          run on CUDA and on the CPU); bench.distill_step --device cuda with the adaptive
 #                          ("newton") and the fixed-shape ("fixed") Sinkhorn solver at batch 32 and 256;
 #                          bench.sinkhorn_backends --device cuda (fixed / newton / geomloss / POT)
 #   scale        (~6 min)  bench.scale_out (190 FedWaD pairs) and bench.fedbary_scale_out (FedBary, 100 clients)
-#                          with all the machine's cores (16): sequential, thread and dask side by side
+#                          on all the node's cores: sequential, thread and dask side by side
 #   paper-start [SOLVER]   the text track with params-paper.yaml (100,000-text bias, the papers' ε and epochs,
 #                          every variant × seed), started in the background on the GPU (seconds); SOLVER sets
 #                          distill.sinkhorn_solver (newton, the default, or fixed: pick what `check` found faster)
 #   worker-start (seconds) prefect.yaml's GPU deployment end to end: a Prefect server, work pool otfed-gpu, the
 #                          deployment pipeline-gpu (flows/pipeline.py: dvc repro) run for the text track's stages
-#                          (OTFED_WORKER_STAGES) by a process worker, in the background; needs .devkit/dvc.tar.xz
-#                          (python -m gpu.device_kit --with-dvc) carried in this call, the kit of an earlier
-#                          call still unpacked
+#                          (OTFED_WORKER_STAGES) by a process worker, in the background; needs DVC's archive
+#                          (.devkit/dvc.tar.xz) beside the kit an earlier phase unpacked
 #   wait JOB [S]           waits up to S seconds (default 560) for job paper or worker, printing where it is;
-#                          exit 0 when it finished, 75 while it runs (call again), 1 when it failed
+#                          exit 0 when it finished, 75 while it still runs, 1 when it failed
 #   collect JOB            the job's reports (text track) and logs → $OUT/JOB.tar.gz
 #
-# The machine stays warm 30 s after a call: make the next call at once, or a fresh machine (without the kit
-# unpacked and the background run) answers it. Build the kit where pip works (python -m gpu.device_kit
-# --with-dvc, or make device-kit WITH_DVC=1) and carry one archive per call, never both (with this checkout they
-# would pass the 64 MiB): carry [".devkit/site.tar.xz"] for check / scale / paper-start (the first call unpacks
-# it; later calls on the same warm machine need not carry it again), [".devkit/dvc.tar.xz"] for worker-start.
+# Packages: the node's own torch / numpy stack, plus the kit built where pip works (python -m gpu.device_kit, or
+# make device-kit): OTFED_KIT (default .devkit/site.tar.xz) is unpacked once into OTFED_SITE and put first on
+# PYTHONPATH; worker-start also unpacks DVC's archive (.devkit/dvc.tar.xz, built with --with-dvc) over it.
 # OTFED_KIT=none uses the packages already installed (a machine with the lock installed; the tests).
 set -uo pipefail
 

@@ -252,3 +252,17 @@ def test_claims_tables_copy_the_results_verdicts() -> None:
                                  f"{results.get((item, claim), 'nothing (no such claim in its table)')!r}")
     assert rows, f"no claims table ({CLAIMS_HEADER}) found in docs/"
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_params_files_cite_only_files_in_the_repository() -> None:
+    """Every repository path a comment of ``params.yaml`` / ``params-paper.yaml`` cites (``docs/running.md``,
+    ``reports/studies/teacher_options.md``) exists: a comment points to what a checkout holds, never to a note
+    kept elsewhere."""
+    # (data/ but data/raw is what the stages write: not in a fresh checkout)
+    roots = ("data/raw", "docs", "reports", "stages", "otfed", "flows", "tests", "bench", "studies", "gpu")
+    path = re.compile(rf"\b(?:{'|'.join(roots)})/[\w./-]*[\w/]")
+    missing = [f"{name}:{number}: {cited}" for name in ("params.yaml", "params-paper.yaml")
+               for number, line in enumerate((REPO / name).read_text(encoding="utf-8").splitlines(), start=1)
+               if "#" in line for cited in path.findall(line.split("#", 1)[1])
+               if not (REPO / cited).exists()]
+    assert not missing, "params files cite files that are not in the repository:\n" + "\n".join(missing)

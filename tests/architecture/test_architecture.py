@@ -1,4 +1,4 @@
-"""The architecture contract (issue 8, DESIGN.md): layers point down, no cycles, no dodged imports, and
+"""The architecture contract (issue 8): layers point down, no cycles, no dodged imports, and
 ``dvc.yaml`` lists the code each stage runs and the folders it writes.
 
 Read from the source with ``ast`` (tests/architecture/import_graph.py), so it runs without importing
@@ -6,6 +6,7 @@ anything and names file and line of every violation.
 """
 from __future__ import annotations
 
+import re
 from graphlib import CycleError, TopologicalSorter
 
 from pathlib import Path
@@ -118,17 +119,28 @@ def test_stages_do_not_reach_into_each_other() -> None:
 # benchmarks of the pipeline itself (not of the library): bench/scale_out.py times the stage runner's task
 # runners on a stage's own jobs; fedbary_scale_out.py runs FedBary on the pipeline's Dask workers
 # (flows.runners.DaskWorkers); worker_environ.py times the environment flows.runners gives Dask workers;
+# blas_threads.py times fed_distance's own jobs (stages.fed_distance) under BLAS and task thread counts;
 # prefect_startup.py times the project's Prefect server (flows.prefect_server) against Prefect's temporary one
 PIPELINE_BENCHES = {"scale_out.py", "fedbary_scale_out.py", "worker_environ.py", "blas_threads.py",
                     "prefect_startup.py"}
 
 
-def test_bench_uses_the_library_only() -> None:
+def _pipeline_imports(module: str) -> list[str]:
+    return [i.target for i in imports_of(module) if i.target.split(".")[0] in {"stages", "flows", *PIPELINE_ONLY}]
+
+
+def test_bench_imports_the_pipeline_only_where_listed() -> None:
+    """A benchmark of the library imports otfed only; the benchmarks of the pipeline itself (PIPELINE_BENCHES, which
+    docs/contributing.md's diagram names) may import stages/, flows/, Prefect and MLflow — and each of them does,
+    so the exemption lists no library benchmark. No benchmark imports a study or the GPU tooling."""
     bad = [f"{_where(i)} imports {i.target}" for i in _all_imports("bench")
            if i.target.split(".")[0] in {"studies", "gpu"}
            or (i.target.split(".")[0] in {"stages", "flows", *PIPELINE_ONLY}
                and Path(_where(i).split(":")[0]).name not in PIPELINE_BENCHES)]
     assert not bad, "\n".join(bad)
+    benches = {path.name: name for name, path in modules().items() if name.startswith("bench.")}
+    stale = sorted(name for name in PIPELINE_BENCHES if name not in benches or not _pipeline_imports(benches[name]))
+    assert not stale, f"PIPELINE_BENCHES lists benchmarks that import no part of the pipeline: {stale}"
 
 
 def test_studies_use_the_library_only() -> None:
@@ -251,7 +263,11 @@ def test_the_contributing_diagram_draws_the_enforced_layers_in_order() -> None:
 
 
 def test_the_contributing_diagram_names_the_pipeline_benchmarks() -> None:
-    """bench/ is not library-only: the diagram names every benchmark allowed to import stages/ and flows/."""
-    drawn = " ".join(_diagram())
+    """bench/ is not library-only: the diagram names every benchmark allowed to import stages/ and flows/, and no
+    other benchmark."""
+    drawn = set(re.findall(r"\w+", " ".join(_diagram())))
     missing = [name for name in sorted(PIPELINE_BENCHES) if name.removesuffix(".py") not in drawn]
     assert not missing, f"docs/contributing.md's diagram does not name the pipeline benchmarks {missing}"
+    others = sorted(path.stem for name, path in modules().items() if name.startswith("bench.")
+                    and path.name not in PIPELINE_BENCHES and path.stem != "__init__" and path.stem in drawn)
+    assert not others, f"docs/contributing.md's diagram names library benchmarks among the pipeline's: {others}"

@@ -8,9 +8,11 @@ before the Prefect flow (and its temporary server) starts — ``_run_flow`` fail
 every file of the working folder byte for byte as before (the previous outputs included). On valid inputs
 each stage's preflight passes and the flow is called.
 
-The working folder is made once per module (partition → train_teachers → estimate_bias on tiny params: the
-feature federation c1 and the text task sa) and copied for each test; the output folders of the stages not
-run hold a stand-in for their previous outputs."""
+The working folder is made once per module (:data:`TEMPLATE_STAGES`, partition → train_teachers → estimate_bias on
+tiny params: the feature federation c1 and the text task sa) and copied for each test; the output folders of the
+stages not run hold a stand-in for their previous outputs. A stage whose inputs none of :data:`TEMPLATE_STAGES`
+writes gets a stand-in for each in :data:`STAND_INS` (the stage checklist, ``tests/architecture/stage_contract.py``,
+names every input that has neither)."""
 from __future__ import annotations
 
 import os
@@ -42,6 +44,11 @@ STAGES = ("partition", "train_teachers", "estimate_bias", "distill", "fed_distan
           "noisy_removal")
 BENCH = {"scheme": "by_dataset", "datasets": ["mnist", "usps"], "samples_per_client": 80, "image_size": 28,
          "val_fraction": 0.0}
+#: The stages the template runs: their outputs are the other stages' inputs here.
+TEMPLATE_STAGES = ("partition", "train_teachers", "estimate_bias")
+#: Inputs (paths relative to the working folder) that no stage of :data:`TEMPLATE_STAGES` writes, each with the
+#: function that writes a valid stand-in for it there (none yet: every stage reads raw data or those stages' outputs).
+STAND_INS: dict[str, Callable[[Path], None]] = {}
 
 
 def preflight_params() -> dict:
@@ -76,11 +83,14 @@ def preflight_params() -> dict:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory, migrated_mlflow_db: Path) -> Path:
-    """A working folder with the outputs of partition, train_teachers and estimate_bias, and a stand-in
+    """A working folder with the outputs of :data:`TEMPLATE_STAGES`, the :data:`STAND_INS`, and a stand-in
     ``metrics.json`` in each output folder of the stages not run (their previous outputs)."""
     root = tmp_path_factory.mktemp("preflight")
     params = preflight_params()
-    run_track(root, migrated_mlflow_db, params, ("partition", "train_teachers", "estimate_bias"))
+    run_track(root, migrated_mlflow_db, params, TEMPLATE_STAGES)
+    for path, write in STAND_INS.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        write(root / path)
     for name in STAGES:
         for folder in stage_named(name).outputs:
             if not (root / folder).exists():
