@@ -76,6 +76,8 @@ test-fast: setup   ## no `slow` (stage runs, fresh interpreters, trainings, smal
 
 bench: setup   ## the benchmarks (time, memory, scaling) → reports/bench/ (tens of minutes; not part of the tests)
 	python -m bench.fedwad_speed
+	python -m bench.fedwad_accuracy
+	python -m bench.fedwad_accuracy --seeds 10
 	python -m bench.distill_speed
 	python -m bench.distill_step
 	python -m bench.fedbary_scaling

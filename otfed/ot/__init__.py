@@ -4,7 +4,8 @@ Public names (implementation modules in parentheses):
 
 - ``Measure`` — a discrete measure (support, weights)                                   (measures)
 - ``cost_matrix(X, Y, p)`` — ground cost ||x − y||^p, p ∈ {1, 2}                        (exact)
-- ``exact_plan(a, b, M, num_itermax)`` — network simplex, raises OTConvergenceError     (exact)
+- ``exact_plan(a, b, M, num_itermax, method, potentials)`` — network simplex (dense, or
+  on a few arcs priced against all: ``pricing_plan``), raises OTConvergenceError        (exact)
 - ``wasserstein(X, Y, a, b, p, num_itermax)`` — exact W_p                               (exact)
 - ``Transport``, ``optimal_transport(mu, nu, p, solver)`` — plan + W_p, solver dispatch (exact)
 - ``semidual_plan(a, b, M, eps_rel, tol, max_newton, g_init)`` — fast entropic
@@ -17,7 +18,8 @@ Public names (implementation modules in parentheses):
 - ``ClassStats``, ``class_statistics``, ``augment_with_label_stats``, ``label_cost``,
   ``otdd_ground_cost``, ``otdd_exact`` — label-augmented OTDD                            (otdd)
 - ``gelbrich_bound(m1, S1, m2, S2)`` — Gelbrich's lower bound of W₂ from means and
-  covariances; ``bures_squared``, ``measure_moments``, ``psd_sqrt``                     (gelbrich)
+  covariances; ``bures_squared``, ``measure_moments``, ``psd_sqrt``; ``gaussian_potentials``
+  — dual potentials of W₂² from the Gaussian map, pricing's first arcs                  (gelbrich)
 
 The torch-based names (``HistogramTransport``, ``entropic_histogram_transport``, ``sinkhorn_histogram_loss``) are
 imported on first use (PEP 562): FedWaD, OTDD and FedBary run without torch (the core install). Code that needs
@@ -27,8 +29,8 @@ them imports :mod:`otfed.ot.entropic_histograms` itself. FedBary's entropic pote
 """
 import importlib
 
-from otfed.ot.exact import Transport, cost_matrix, exact_plan, optimal_transport, wasserstein
-from otfed.ot.gelbrich import bures_squared, gelbrich_bound, measure_moments, psd_sqrt
+from otfed.ot.exact import Transport, cost_matrix, exact_plan, optimal_transport, pricing_plan, wasserstein
+from otfed.ot.gelbrich import bures_squared, gaussian_potentials, gelbrich_bound, measure_moments, psd_sqrt
 from otfed.ot.interpolation import interpolate_approx, interpolate_exact, interpolating_measure
 from otfed.ot.measures import Measure
 from otfed.ot.otdd import (
@@ -45,6 +47,8 @@ __all__ = [
     "Measure",
     "cost_matrix",
     "exact_plan",
+    "pricing_plan",
+    "gaussian_potentials",
     "wasserstein",
     "Transport",
     "optimal_transport",
