@@ -52,23 +52,24 @@ def flower_venv() -> Path:
     return Path(os.environ.get(VENV_ENV) or REPO / ".venv-flower")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
-def make_certificates(folder: Path, days: int = 2) -> dict[str, Path]:
-    """A throw-away certificate authority and, signed by it, a certificate for 127.0.0.1 / localhost (EC P-256,
-    valid ``days``): ``ca`` (the CA's certificate, what clients trust), ``cert`` and ``key`` (the servers'). The
-    keys are written readable by the owner only. Needs ``cryptography`` (in both environments)."""
+def make_certificates(folder: Path, days: int = 2, hosts: Sequence[str] = ()) -> dict[str, Path]:
+    """A throw-away certificate authority and, signed by it, a certificate for 127.0.0.1 / localhost and the IP
+    addresses in ``hosts`` (EC P-256, valid ``days``): ``ca`` (the CA's certificate, what clients trust), ``cert``
+    and ``key`` (the servers'). The keys are written readable by the owner only. Needs ``cryptography`` (in both
+    environments)."""
     import datetime
     import ipaddress
 
@@ -95,8 +96,9 @@ def make_certificates(folder: Path, days: int = 2) -> dict[str, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     cert = (builder(name, ca_name, key)
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address(h)) for h in dict.fromkeys(["127.0.0.1", *hosts])]
+                + [x509.DNSName("localhost")]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
@@ -125,13 +127,17 @@ class LocalFederation:
     """A SuperLink and ``len(datasets)`` SuperNodes on 127.0.0.1; SuperNode i holds only ``datasets[i]`` (its
     ``.npz`` in the work directory) and ``partition-id = i``. Use as a context manager; ``timeout`` bounds every
     wait (the SuperLink's port, the run, its result file), ``call_timeout`` (default: ``timeout``) the ServerApp's
-    wait for the replies to one protocol call: a node that does not answer within it ends the session, named."""
+    wait for the replies to one protocol call: a node that does not answer within it ends the session, named.
+    ``link_host``: the address the SuperLink listens on and the SuperNodes and ``flwr run`` reach it at (with TLS,
+    its certificate names it) — another interface of this machine plays a SuperLink on another host; the
+    SuperNodes' own runtime APIs, which only their ClientApps use, stay on 127.0.0.1."""
 
     def __init__(self, datasets: Sequence[LabelledData], workdir: str | Path | None = None,
                  timeout: float = 600.0, venv: str | Path | None = None, call_timeout: float | None = None,
-                 tls: bool = False) -> None:
+                 tls: bool = False, link_host: str = "127.0.0.1") -> None:
         self.datasets = list(datasets)
         self.tls = tls
+        self.link_host = link_host
         self.timeout = float(timeout)
         self.call_timeout = self.timeout if call_timeout is None else float(call_timeout)
         self.venv = Path(venv) if venv is not None else flower_venv()
@@ -149,6 +155,8 @@ class LocalFederation:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
         env.update(FLWR_HOME=str(self.home), PATH=f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
                    PYTHONUNBUFFERED="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+        # each SuperNode's SuperExec asks for a task to start every second by default: a tenth of that
+        env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
         return env
 
     def _start(self, role: str, argv: list[str]) -> Started:
@@ -177,9 +185,9 @@ class LocalFederation:
         SuperNodes."""
         try:
             self.home.mkdir(parents=True, exist_ok=True)
-            self.port = free_port()
+            self.port = free_port(self.link_host)
             if self.tls:
-                certs = make_certificates(self.workdir / "certs")
+                certs = make_certificates(self.workdir / "certs", hosts=[self.link_host])
                 security = f"root-certificates = {json.dumps(str(certs['ca']))}\n"
                 link_tls = ["--ssl-certfile", str(certs["cert"]), "--ssl-keyfile", str(certs["key"]),
                             "--ssl-ca-certfile", str(certs["ca"])]
@@ -187,23 +195,23 @@ class LocalFederation:
             else:
                 security, link_tls, node_tls = "insecure = true\n", ["--insecure"], ["--insecure"]
             (self.home / "config.toml").write_text(
-                f'[superlink]\ndefault = "otfed"\n\n[superlink.otfed]\naddress = "127.0.0.1:{self.port}"\n'
+                f'[superlink]\ndefault = "otfed"\n\n[superlink.otfed]\naddress = "{self.link_host}:{self.port}"\n'
                 + security, encoding="utf-8")
             bin_ = self.venv / "bin"
-            self._start("superlink", [str(bin_ / "flower-superlink"), *link_tls, "--host", "127.0.0.1",
+            self._start("superlink", [str(bin_ / "flower-superlink"), *link_tls, "--host", self.link_host,
                                       "--port", str(self.port), "--disable-runtime-dependency-installation",
                                       "--database", str(self.workdir / "superlink.db")])
             deadline = time.monotonic() + self.timeout
-            while not _listening(self.port):
+            while not _listening(self.port, self.link_host):
                 self._check_alive()
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the SuperLink did not listen on 127.0.0.1:{self.port} within "
+                    raise RuntimeError(f"the SuperLink did not listen on {self.link_host}:{self.port} within "
                                        f"{self.timeout:g} s")
                 time.sleep(0.2)
             for i, data in enumerate(self.datasets):
                 path = write_partition(self.workdir / f"client_{i}.npz", data)
                 self._start(f"supernode-{i}", [
-                    str(bin_ / "flower-supernode"), *node_tls, "--superlink", f"127.0.0.1:{self.port}",
+                    str(bin_ / "flower-supernode"), *node_tls, "--superlink", f"{self.link_host}:{self.port}",
                     "--host", "127.0.0.1", "--port", str(free_port()),
                     "--node-config", f"partition-id={i} data={json.dumps(str(path))}"])
             return self

@@ -167,3 +167,32 @@ def test_a_supernode_killed_mid_session_ends_it_naming_the_node(tmp_path: Path) 
     assert re.search(r"node \d+ \(client_1\) (sent no reply to|failed at) '(report|update)'", str(error)), str(error)
     assert not (tmp_path / "fedbary-seed0.npz").exists()
     assert processes_of(tmp_path) == []
+
+
+def other_interface() -> str | None:
+    """An IPv4 address of this machine other than loopback, or None."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return None
+
+
+@pytest.mark.skipif(other_interface() is None, reason="this machine has no IPv4 address besides loopback")
+def test_a_superlink_reached_at_another_address_with_its_certificate(tmp_path: Path) -> None:
+    """The multi-host recipe (docs/scaling.md) on one machine: the SuperLink listens on a non-loopback address, its
+    certificate names that address, the SuperNodes and ``flwr run`` reach it there over TLS — and the numbers are
+    the in-process ones."""
+    host = other_interface()
+    data = check_clients(0)
+    with LocalFederation(data, workdir=tmp_path, timeout=ceiling(600), tls=True, link_host=host) as federation:
+        context = ssl.create_default_context(cafile=str(tmp_path / "certs" / "ca.pem"))
+        with socket.create_connection((host, federation.port), timeout=ceiling(30)) as raw:
+            with context.wrap_socket(raw, server_hostname=host) as tls:  # verifies the certificate names the host
+                assert tls.version() is not None
+        with pytest.raises(ConnectionRefusedError):  # not on loopback: the nodes cannot have used it
+            socket.create_connection(("127.0.0.1", federation.port), timeout=ceiling(30)).close()
+        flower = federation.run_fedbary(CHECK_CONFIG, seed=0)
+    in_process = result_arrays(federated_valuation(data, CHECK_CONFIG, seed=0, datum_values=True))
+    assert differences(flower, in_process) == []
+    assert processes_of(tmp_path) == []
