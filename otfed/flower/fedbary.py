@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 import numpy as np
 
@@ -128,17 +128,27 @@ def fedbary_call(method: str, request: Packet, state: Mapping[str, Any], node: s
     return reply, {**state, "client": client}
 
 
-def fedbary_enrol(request: Packet, node_config: Mapping[str, Any], node: str) -> tuple[Packet, dict]:
-    """A FedBary client node's :data:`ENROL`: check the request, build the client from this node's own partition
-    file (``node_config["data"]``) seeded as :func:`~otfed.federation.fedbary.federated_valuation` seeds client
-    ``partition-id``; reply with its public metadata. Returns the reply and the node's state."""
+ConfigT = TypeVar("ConfigT")
+
+
+def enrol_config(request: Packet, node: str, config_type: type[ConfigT]) -> ConfigT:
+    """The protocol config of an :data:`ENROL` request, once its head holds exactly the enrolment fields (version,
+    protocol, config, seed, clients) and it carries no message or array; :class:`MessageRefused` naming ``node``
+    otherwise, and the config's own error for a bad config."""
     problem = head_refusal(request.head, {"version": str, "protocol": str, "config": str, "seed": int,
                                           "clients": int})
     if problem is None and (request.messages or request.arrays):
         problem = "unexpected messages or arrays"
     if problem is not None:
         raise MessageRefused(f"{node}: refused: {problem}")
-    config = as_config(json.loads(str(request.head["config"])), FedBaryConfig)
+    return as_config(json.loads(str(request.head["config"])), config_type)
+
+
+def fedbary_enrol(request: Packet, node_config: Mapping[str, Any], node: str) -> tuple[Packet, dict]:
+    """A FedBary client node's :data:`ENROL`: check the request, build the client from this node's own partition
+    file (``node_config["data"]``) seeded as :func:`~otfed.federation.fedbary.federated_valuation` seeds client
+    ``partition-id``; reply with its public metadata. Returns the reply and the node's state."""
+    config = enrol_config(request, node, FedBaryConfig)
     partition, seeds = node_seed(node_config, request)
     data = read_partition(str(node_config["data"]))
     client = BaryClient.from_data(data, config, np.random.default_rng(seeds))

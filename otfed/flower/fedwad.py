@@ -18,7 +18,6 @@ call             server → client                               client → serv
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from otfed.federation.fedwad import FedWaDConfig, FedWaDResult, WassersteinClient, WassersteinServer, client_samples, fedwad
 from otfed.federation.messages import SERVER, DistanceMessage, MeasureMessage, MomentMessage
-from otfed.flower.fedbary import PROTOCOL_VERSION, enrol_request, node_seed, read_partition
+from otfed.flower.fedbary import PROTOCOL_VERSION, enrol_config, enrol_request, node_seed, read_partition
 from otfed.flower.records import (Expected, MessageRefused, Packet, head_refusal, measure_atoms, message_from_wire,
                                   message_to_wire)
 from otfed.ot import Measure
@@ -48,13 +47,7 @@ def xi_expectation(config: FedWaDConfig, kind: str, dim: int, sender: str | None
 
 def fedwad_enrol(request: Packet, node_config: Mapping[str, Any], node: str) -> tuple[Packet, dict]:
     """A FedWaD client node's enrolment: its client, on the uniform measure of its partition's samples."""
-    problem = head_refusal(request.head, {"version": str, "protocol": str, "config": str, "seed": int,
-                                          "clients": int})
-    if problem is None and (request.messages or request.arrays):
-        problem = "unexpected messages or arrays"
-    if problem is not None:
-        raise MessageRefused(f"{node}: refused: {problem}")
-    config = as_config(json.loads(str(request.head["config"])), FedWaDConfig)
+    config = enrol_config(request, node, FedWaDConfig)
     partition, seed = node_seed(node_config, request)
     data = read_partition(str(node_config["data"]))
     x = client_samples(data.x, data.name)
